@@ -1,0 +1,169 @@
+"""The command line: parse arguments, call the library, print. No logic lives here.
+
+Exit codes: 0 success, 1 a failure at run time (a job, Slurm, SSH), 2 invalid input or
+usage. Heavy modules are imported inside the commands so `--help` stays fast, and no
+command here ever imports torch or megatron.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any, Callable, NoReturn, Optional
+
+import click
+
+from . import __version__
+from .errors import EXIT_FAILURE, LingjunError, UsageError
+
+
+def _fail(exc: LingjunError) -> NoReturn:
+    click.echo(str(exc), err=True)
+    sys.exit(exc.exit_code)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="lingjun-slurm")
+def cli() -> None:
+    """Megatron GPT training chains on Slurm + pyxis clusters with RDMA networks.
+
+    One YAML spec describes a run: data preprocessing, multi-node training and checkpoint
+    handling. `validate` checks it, `render` writes the sbatch scripts, `nccl-env` prints
+    a network profile.
+    """
+
+
+@cli.command()
+@click.argument("spec_file", type=click.Path(dir_okay=False, path_type=Path))
+def validate(spec_file: Path) -> None:
+    """Check a spec; print every problem with file, line and field (exit 2 if any)."""
+    from .plan import build_plan
+    from .spec import load_spec
+
+    loaded = load_spec(spec_file)
+    plan = build_plan(loaded.spec, spec_sha256=loaded.sha256, source=loaded.source)
+    names = " -> ".join(st.name for st in plan.stages)
+    click.echo(f"{spec_file}: valid; stages: {names}")
+
+
+def _reproduce(spec_file: Path, outdir: Optional[Path], run_id: Optional[str]) -> str:
+    argv = ["lingjun-slurm", "render", str(spec_file)]
+    if outdir is not None:
+        argv += ["-o", str(outdir)]
+    if run_id:
+        argv += ["--run-id", run_id]
+    return shlex.join(argv)
+
+
+@cli.command()
+@click.argument("spec_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-o", "--output", "outdir", type=click.Path(file_okay=False, path_type=Path),
+              help="Directory for the scripts, plan.json and submit.sh (on shared storage if jobs read it).")
+@click.option("--stage", "stage_name", help="Print one stage's script to stdout instead of writing files.")
+@click.option("--run-id", help="Run id for job names (<run-id>-<stage>); default: run.name.")
+def render(spec_file: Path, outdir: Optional[Path], stage_name: Optional[str], run_id: Optional[str]) -> None:
+    """Write every stage's sbatch script, plan.json and submit.sh for people who run sbatch."""
+    from .plan import build_plan
+    from .render import render_plan, render_stage, write_files
+    from .spec import load_spec
+    from .spec.models import NAME_RE
+
+    if run_id is not None and not __import__("re").match(NAME_RE, run_id):
+        raise UsageError(f"--run-id {run_id!r}: use letters, digits, '.', '_' and '-' only")
+    if outdir is None and stage_name is None:
+        raise UsageError("give -o DIR to write the scripts, or --stage NAME to print one")
+    loaded = load_spec(spec_file)
+    plan = build_plan(loaded.spec, run_id=run_id, spec_sha256=loaded.sha256, source=loaded.source,
+                      reproduce=_reproduce(spec_file, outdir, run_id))
+    if stage_name is not None:
+        try:
+            stage = plan.stage(stage_name)
+        except KeyError:
+            raise UsageError(f"no stage {stage_name!r} in this run; stages: "
+                             f"{', '.join(st.name for st in plan.stages)}") from None
+        click.echo(render_stage(plan, stage), nl=False)
+        return
+    assert outdir is not None
+    write_files(render_plan(plan), outdir)
+    click.echo(f"rendered run {plan.run_id} into {outdir}/ ({len(plan.stages)} stages):")
+    for st in plan.stages:
+        res = st.resources
+        deps = ", ".join(f"{d.type}:{d.stage}" for d in st.depends_on) or "-"
+        shape = f"{res.nodes}x{res.tasks_per_node} tasks" + (f", {res.gpus_per_node} GPU/node" if res.gpus_per_node else "")
+        array = f", array {st.array}" if st.array else ""
+        click.echo(f"  {st.script:<24} {st.job_name:<36} after {deps:<24} {shape}{array}")
+    click.echo(f"submit with: bash {shlex.quote(str(outdir / 'submit.sh'))}")
+
+
+@cli.command()
+def schema() -> None:
+    """Print the spec's JSON Schema (for editor completion and validation)."""
+    from .spec.models import Spec
+
+    click.echo(json.dumps(Spec.model_json_schema(), indent=2))
+
+
+@cli.command("nccl-env")
+@click.option("--profile", help="Profile name.")
+@click.option("--instance-type", help="Instance type / VM size that selects a profile.")
+@click.option("--format", "fmt", type=click.Choice(["sh", "env", "nccl.conf", "json"]), default="sh",
+              show_default=True)
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override or add a variable.")
+@click.option("--unset", "unsets", multiple=True, metavar="KEY", help="Leave a profile variable out.")
+@click.option("--list", "list_", is_flag=True, help="List the profiles and their instance types.")
+def nccl_env(profile: Optional[str], instance_type: Optional[str], fmt: str, sets: tuple[str, ...],
+             unsets: tuple[str, ...], list_: bool) -> None:
+    """Print a network profile's NCCL variables (the block jobs and /etc/nccl.conf use)."""
+    from . import network
+
+    if list_:
+        for prof in network.profiles().values():
+            types = ", ".join(prof.instance_types) or "-"
+            click.echo(f"{prof.name:<18} {prof.description}\n{'':<18} instance types: {types}")
+        return
+    if bool(profile) == bool(instance_type):
+        raise UsageError("give exactly one of --profile NAME or --instance-type TYPE (see --list)")
+    prof = network.get_profile(profile) if profile else network.profile_for_instance(instance_type or "")
+    overrides: dict[str, Optional[str]] = {}
+    for item in sets:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--set {item!r}: expected KEY=VALUE")
+        overrides[key] = value
+    for key in unsets:
+        overrides[key] = None
+    click.echo(network.render(network.resolve(prof, overrides), fmt), nl=False)
+
+
+def _run(fn: Callable[..., Any], args: Optional[list[str]]) -> None:
+    try:
+        fn.main(args=args, prog_name="lingjun-slurm", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(EXIT_FAILURE)
+    except LingjunError as exc:
+        _fail(exc)
+    except BrokenPipeError:
+        sys.exit(EXIT_FAILURE)
+    except Exception as exc:  # never a traceback for users, unless they ask for one
+        if os.environ.get("LINGJUN_DEBUG"):
+            raise
+        click.echo(f"lingjun-slurm: internal error: {type(exc).__name__}: {exc} "
+                   "(set LINGJUN_DEBUG=1 for a traceback)", err=True)
+        sys.exit(EXIT_FAILURE)
+
+
+def main(args: Optional[list[str]] = None) -> None:
+    _run(cli, args)
+
+
+if __name__ == "__main__":
+    main()

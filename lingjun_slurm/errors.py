@@ -1,0 +1,60 @@
+"""Typed errors and the CLI's exit codes (0 ok, 1 run-time failure, 2 invalid input)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_INVALID = 2
+
+Loc = tuple[str | int, ...]
+
+
+def dotted(loc: Loc) -> str:
+    """Render a location tuple as a dotted path: ("data", "inputs", 0) -> "data.inputs[0]"."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "<root>"
+
+
+@dataclass(frozen=True)
+class Issue:
+    """One problem in a spec: where it is and what was expected."""
+
+    loc: Loc
+    message: str
+    line: int | None = None
+
+    def format(self, source: str) -> str:
+        where = f"{source}:{self.line}" if self.line else source
+        return f"{where}: {dotted(self.loc)}: {self.message}"
+
+
+class LingjunError(Exception):
+    """Base class for the tool's own errors; the CLI prints them without a traceback."""
+
+    exit_code = EXIT_FAILURE
+
+
+@dataclass
+class SpecError(LingjunError):
+    """A spec file is invalid; carries every issue found, each with file, line and field."""
+
+    source: str
+    issues: list[Issue] = field(default_factory=list)
+    exit_code = EXIT_INVALID
+
+    def __str__(self) -> str:
+        head = f"{self.source}: invalid spec ({len(self.issues)} problem{'s' if len(self.issues) != 1 else ''})"
+        return "\n".join([head] + ["  " + i.format(self.source) for i in self.issues])
+
+
+class UsageError(LingjunError):
+    """The command line asked for something that cannot be done (bad profile name, ...)."""
+
+    exit_code = EXIT_INVALID

@@ -1,0 +1,1 @@
+"""Megatron-specific code. args/versions are pure; trainer modules import torch lazily."""

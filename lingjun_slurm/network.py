@@ -1,0 +1,133 @@
+"""NCCL network profiles: lookup by name or instance type, overrides, and rendering.
+
+The same resolved block feeds the sbatch scripts, `lingjun-slurm nccl-env` and the
+cluster-init project's /etc/nccl.conf, so the three can never disagree.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .errors import UsageError
+from .presets import load
+
+FORMATS = ("sh", "env", "nccl.conf", "json")
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    value: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    description: str
+    source: str
+    instance_types: tuple[str, ...]
+    env: tuple[EnvVar, ...]
+    mounts: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class NetworkEnv:
+    """A profile after the spec's overrides: what a job exports, in order."""
+
+    profile: str
+    description: str
+    vars: tuple[EnvVar, ...]
+    unset: tuple[str, ...] = field(default_factory=tuple)
+    mounts: tuple[str, ...] = field(default_factory=tuple)
+
+    def names(self) -> list[str]:
+        return [v.name for v in self.vars]
+
+
+def profiles() -> dict[str, Profile]:
+    out: dict[str, Profile] = {}
+    for name, raw in load("network_profiles.yaml").items():
+        out[name] = Profile(
+            name=name,
+            description=raw["description"],
+            source=raw["source"],
+            instance_types=tuple(raw.get("instance_types") or ()),
+            env=tuple(EnvVar(e["name"], str(e["value"]), e["reason"]) for e in raw["env"]),
+            mounts=tuple(raw.get("mounts") or ()),
+        )
+    return out
+
+
+def get_profile(name: str) -> Profile:
+    table = profiles()
+    if name not in table:
+        raise UsageError(f"unknown network profile {name!r}; known profiles: {', '.join(sorted(table))}")
+    return table[name]
+
+
+def profile_for_instance(instance_type: str) -> Profile:
+    for prof in profiles().values():
+        if instance_type in prof.instance_types:
+            return prof
+    known = sorted(t for p in profiles().values() for t in p.instance_types)
+    raise UsageError(f"no network profile lists instance type {instance_type!r}; known: {', '.join(known)}")
+
+
+def resolve(profile: Profile, overrides: Mapping[str, str | None] | None = None) -> NetworkEnv:
+    """Apply overrides: a value replaces or adds a variable, None removes it."""
+    overrides = dict(overrides or {})
+    result: list[EnvVar] = []
+    unset: list[str] = []
+    for var in profile.env:
+        if var.name not in overrides:
+            result.append(var)
+            continue
+        new = overrides.pop(var.name)
+        if new is None:
+            unset.append(var.name)
+        else:
+            result.append(EnvVar(var.name, str(new), f"overridden in the spec (profile {profile.name}: {var.value})"))
+    for name, value in overrides.items():
+        if value is None:
+            unset.append(name)
+        else:
+            result.append(EnvVar(name, str(value), "set in the spec"))
+    return NetworkEnv(profile.name, profile.description, tuple(result), tuple(unset), profile.mounts)
+
+
+def _no_newlines(env: NetworkEnv, fmt: str) -> None:
+    for var in env.vars:
+        if "\n" in var.value or "\r" in var.value:
+            raise UsageError(f"{var.name}: a value with a newline cannot be written in {fmt} format")
+
+
+def render(env: NetworkEnv, fmt: str) -> str:
+    """Render a resolved block as sh (export lines), env (KEY=VALUE), nccl.conf or json."""
+    if fmt == "json":
+        doc = {
+            "profile": env.profile,
+            "description": env.description,
+            "env": [{"name": v.name, "value": v.value, "reason": v.reason} for v in env.vars],
+            "unset": list(env.unset),
+        }
+        return json.dumps(doc, indent=2) + "\n"
+    lines = [f"# NCCL network profile: {env.profile} ({env.description})"]
+    if fmt == "sh":
+        for var in env.vars:
+            lines += [f"# {var.reason}", f"export {var.name}={shlex.quote(var.value)}"]
+        for name in env.unset:
+            lines += ["# unset by the spec", f"unset {name}"]
+    elif fmt in ("env", "nccl.conf"):
+        _no_newlines(env, fmt)
+        for var in env.vars:
+            if fmt == "nccl.conf" and not var.name.startswith("NCCL_"):
+                lines.append(f"# {var.name} is not an NCCL parameter: set it in the job environment")
+                continue
+            lines += [f"# {var.reason}", f"{var.name}={var.value}"]
+    else:
+        raise UsageError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    return "\n".join(lines) + "\n"

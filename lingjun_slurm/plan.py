@@ -1,0 +1,285 @@
+"""Spec -> Plan: stages, Slurm options, dependencies, environment and entry commands.
+
+Pure and deterministic: the same spec (and run id) always gives the same plan. The
+plan is written as plan.json beside the scripts; stage code inside the jobs reads it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import __version__, network
+from .container import parse_mount, pyxis_flags
+from .megatron import args as megatron_args
+from .network import EnvVar, NetworkEnv
+from .shell import Shell, Word, to_json
+from .spec.models import CommandStage, Spec
+from .spec.resolve import (StageResources, active_builtins, builtin_resources, checkpoint_dir, command_resources,
+                           data_prefix, log_dir, output_prefix, resolve_model, stage_order)
+from .timefmt import format_time
+
+PLAN_SCHEMA = 1
+PLAN_VAR = Shell('"$PLAN"')
+PYTHON = "python3"
+# Each task learns its torch.distributed identity from Slurm inside the srun step.
+TASK_WRAPPER: tuple[Word, ...] = (
+    "bash", "-c",
+    'export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" WORLD_SIZE="$SLURM_NTASKS"; exec "$@"',
+    "lingjun-task",
+)
+
+
+@dataclass(frozen=True)
+class Dependency:
+    stage: str
+    type: str  # afterok | afterany | afternotok
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    name: str
+    kind: str  # preprocess | merge | train | checkpoint | command
+    script: str
+    job_name: str
+    sbatch: tuple[tuple[str, str | None], ...]
+    depends_on: tuple[Dependency, ...]
+    resources: StageResources
+    env: tuple[EnvVar, ...]
+    network: NetworkEnv | None
+    launcher: tuple[Word, ...]
+    commands: tuple[tuple[Word, ...], ...]
+    container: bool
+    array: str | None = None
+    vars: dict[str, Any] = field(default_factory=dict)  # template-only extras (e.g. input lists)
+
+    @property
+    def env_names(self) -> list[str]:
+        return env_names(self.env, self.network, self.kind == "train")
+
+
+def env_names(env: tuple[EnvVar, ...], net: NetworkEnv | None, train: bool) -> list[str]:
+    """Every variable a stage's script sets: all of them go to --container-env."""
+    names = [v.name for v in env] + (net.names() if net else [])
+    return names + (["MASTER_ADDR", "MASTER_PORT"] if train else [])
+
+
+@dataclass(frozen=True)
+class Plan:
+    run_id: str
+    name: str
+    spec_sha256: str
+    source: str
+    workdir: str
+    log_dir: str
+    checkpoint_dir: str
+    stages: tuple[StagePlan, ...]
+    settings: dict[str, Any]
+    reproduce: str
+    tool_version: str = __version__
+
+    def stage(self, name: str) -> StagePlan:
+        for st in self.stages:
+            if st.name == name:
+                return st
+        raise KeyError(name)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": PLAN_SCHEMA,
+            "tool_version": self.tool_version,
+            "run_id": self.run_id,
+            "name": self.name,
+            "spec_sha256": self.spec_sha256,
+            "workdir": self.workdir,
+            "log_dir": self.log_dir,
+            "checkpoint_dir": self.checkpoint_dir,
+            "stages": [_stage_json(st) for st in self.stages],
+            "settings": self.settings,
+        }
+
+
+def _stage_json(st: StagePlan) -> dict[str, Any]:
+    res = st.resources
+    return {
+        "name": st.name,
+        "kind": st.kind,
+        "script": st.script,
+        "job_name": st.job_name,
+        "array": st.array,
+        "depends_on": [{"stage": d.stage, "type": d.type} for d in st.depends_on],
+        "resources": {
+            "partition": res.partition, "nodes": res.nodes, "tasks_per_node": res.tasks_per_node,
+            "gpus_per_node": res.gpus_per_node, "cpus_per_task": res.cpus_per_task, "mem": res.mem,
+            "time_s": res.time_s, "exclusive": res.exclusive,
+        },
+        "container": st.container,
+        "env": {v.name: v.value for v in st.env},
+        "network_profile": st.network.profile if st.network else None,
+        "commands": [[to_json(w) for w in cmd] for cmd in st.commands],
+    }
+
+
+def network_env(spec: Spec) -> NetworkEnv:
+    net = spec.cluster.network
+    prof = network.get_profile(net.profile) if net.profile else network.profile_for_instance(net.instance_type or "")
+    return network.resolve(prof, net.overrides)
+
+
+def training_env(spec: Spec, res: StageResources) -> list[EnvVar]:
+    par = spec.parallelism
+    env = [EnvVar("PYTHONUNBUFFERED", "1", "log lines reach the Slurm log as they are printed")]
+    if par.tensor > 1 or par.context > 1:
+        env.append(EnvVar("CUDA_DEVICE_MAX_CONNECTIONS", "1",
+                          "one CUDA work queue so TP/CP communication overlaps compute in order (Megatron)"))
+    if res.cpus_per_task:
+        env.append(EnvVar("OMP_NUM_THREADS", str(res.cpus_per_task),
+                          "size each task's OpenMP pool to its CPUs instead of every core of the node"))
+    return env
+
+
+def _sbatch(spec: Spec, job_name: str, res: StageResources, logs: str, *, array: str | None,
+            dependent: bool, train: bool) -> tuple[tuple[str, str | None], ...]:
+    opts: dict[str, str | None] = {
+        "job-name": job_name,
+        "output": f"{logs}/%x-{'%A_%a' if array else '%j'}.out",
+        "open-mode": "append",
+        "nodes": str(res.nodes),
+        "ntasks-per-node": str(res.tasks_per_node),
+    }
+    if res.partition:
+        opts["partition"] = res.partition
+    if res.gpus_per_node:
+        opts["gpus-per-node"] = str(res.gpus_per_node)
+    if res.cpus_per_task:
+        opts["cpus-per-task"] = str(res.cpus_per_task)
+    if res.mem:
+        opts["mem"] = res.mem
+    if res.time_s:
+        opts["time"] = format_time(res.time_s)
+    if res.exclusive:
+        opts["exclusive"] = None
+    for key in ("account", "qos", "reservation", "constraint"):
+        value = getattr(spec.cluster, key)
+        if value:
+            opts[key] = value
+    if array:
+        opts["array"] = array
+    if dependent:
+        opts["kill-on-invalid-dep"] = "yes"
+    if train:
+        opts["requeue"] = None
+        opts["signal"] = f"B:USR1@{spec.training.save_grace_s}"
+    else:
+        opts["no-requeue"] = None
+    for key, value in spec.cluster.sbatch_extra.items():
+        if value is False:
+            continue
+        opts[key] = None if value is True else str(value)
+    return tuple(sorted(opts.items()))
+
+
+def _launcher(spec: Spec, st_kind: str, names: list[str], use_container: bool) -> tuple[Word, ...]:
+    words: list[Word] = ["srun"]
+    if st_kind == "train":
+        words.append("--kill-on-bad-exit=1")
+    if use_container:
+        words += pyxis_flags(spec.container, spec.run.workdir, names).flags
+    return tuple(words)
+
+
+def _builtin_commands(spec: Spec, kind: str) -> tuple[tuple[tuple[Word, ...], ...], dict[str, Any]]:
+    """The entry command(s) of a built-in stage, plus template extras."""
+    own = (PYTHON, "-m", "lingjun_slurm.stages", kind, "--plan", PLAN_VAR)
+    shard_dir = f"{output_prefix(spec)}.shards"
+    if kind == "preprocess":
+        if spec.data.tool == "megatron-lm":
+            assert spec.megatron_lm is not None
+            argv = megatron_args.preprocess_args(spec, Shell('"$INPUT"'), Shell('"$SHARD_PREFIX"'))
+            cmd = (PYTHON, f"{spec.megatron_lm.path}/tools/preprocess_data.py", *argv)
+            return (cmd,), {"inputs": list(spec.data.inputs), "shard_dir": shard_dir}
+        return (own + ("--shard", Shell('"$SLURM_ARRAY_TASK_ID"')),), {}
+    if kind == "merge" and spec.data.tool == "megatron-lm":
+        assert spec.megatron_lm is not None
+        cmds = []
+        for key in spec.data.json_keys:
+            argv = megatron_args.merge_args(spec, f"{shard_dir}/by-key/{key}", f"{output_prefix(spec)}_{key}_document")
+            cmds.append((PYTHON, f"{spec.megatron_lm.path}/tools/merge_datasets.py", *argv))
+        return tuple(cmds), {"shard_dir": shard_dir, "json_keys": list(spec.data.json_keys)}
+    if kind == "train" and spec.training.entrypoint == "megatron-lm":
+        assert spec.megatron_lm is not None
+        return ((PYTHON, f"{spec.megatron_lm.path}/pretrain_gpt.py", *megatron_args.pretrain_args(spec)),), {}
+    return (own,), {}
+
+
+def _array(spec: Spec) -> str:
+    n = len(spec.data.inputs) if spec.data.tool == "megatron-lm" else spec.data.shards
+    return f"0-{n - 1}"
+
+
+def settings(spec: Spec) -> dict[str, Any]:
+    """What the stage code inside the jobs needs, fully resolved."""
+    dump = spec.model_dump(mode="json")
+    return {
+        "data": {**dump["data"], "output_prefix": output_prefix(spec), "shard_dir": f"{output_prefix(spec)}.shards",
+                 "train_prefix": data_prefix(spec) if not spec.stages.train.skip or spec.data.prefix else None},
+        "model": resolve_model(spec),
+        "parallelism": dump["parallelism"],
+        "training": dump["training"],
+        "checkpoint": {**dump["checkpoint"], "dir": checkpoint_dir(spec)},
+        "megatron_lm": dump["megatron_lm"],
+    }
+
+
+def build_plan(spec: Spec, *, run_id: str | None = None, spec_sha256: str = "", source: str = "spec.yaml",
+               reproduce: str = "") -> Plan:
+    run_id = run_id or spec.run.name
+    logs = log_dir(spec)
+    net = network_env(spec)
+    user_env = [EnvVar(k, v, "set in the spec") for k, v in spec.env.items()]
+    pyxis = spec.container.runtime == "pyxis"
+    if pyxis and net.mounts:
+        # Profiles may need host files inside the container (e.g. Azure's NCCL topology file).
+        have = {parse_mount(m).dst for m in spec.container.mounts}
+        extra = [m for m in net.mounts if parse_mount(m).dst not in have]
+        spec = spec.model_copy(update={"container": spec.container.model_copy(
+            update={"mounts": list(spec.container.mounts) + extra})})
+
+    stages: list[StagePlan] = []
+    last_builtin: str | None = None
+    pending_before: list[Dependency] = []
+    for item in stage_order(spec):
+        if isinstance(item, CommandStage):
+            res = command_resources(spec, item)
+            anchor = item.after if item.after and item.after in active_builtins(spec) else last_builtin
+            deps = (Dependency(anchor, item.dependency),) if anchor else ()
+            stage_net = net if res.gpus_per_node else None
+            env = tuple(user_env)
+            use_container = pyxis and item.container
+            cmd: tuple[Word, ...] = ("bash", "-c", item.command)
+            kind, name, vars_ = "command", item.name, {}
+            cmds: tuple[tuple[Word, ...], ...] = (cmd,)
+            if item.before:
+                pending_before.append(Dependency(item.name, "afterok"))
+        else:
+            kind = name = item
+            res = builtin_resources(spec, item)
+            deps = tuple(([Dependency(last_builtin, "afterok")] if last_builtin else []) + pending_before)
+            pending_before = []
+            stage_net = net if item == "train" else None
+            env = tuple(user_env + (training_env(spec, res) if item == "train" else []))
+            use_container = pyxis
+            cmds, vars_ = _builtin_commands(spec, item)
+            last_builtin = item
+        array = _array(spec) if kind == "preprocess" else None
+        job_name = f"{run_id}-{name}"
+        stages.append(StagePlan(
+            name=name, kind=kind, script=f"{name}.sbatch", job_name=job_name,
+            sbatch=_sbatch(spec, job_name, res, logs, array=array, dependent=bool(deps), train=kind == "train"),
+            depends_on=deps, resources=res, env=env, network=stage_net,
+            launcher=_launcher(spec, kind, env_names(env, stage_net, kind == "train"), use_container), commands=cmds, container=use_container,
+            array=array, vars=vars_,
+        ))
+    return Plan(run_id=run_id, name=spec.run.name, spec_sha256=spec_sha256, source=source, workdir=spec.run.workdir,
+                log_dir=logs, checkpoint_dir=checkpoint_dir(spec), stages=tuple(stages), settings=settings(spec),
+                reproduce=reproduce)

@@ -1,0 +1,130 @@
+"""Plan -> files: one sbatch script per stage, submit.sh and plan.json (pure).
+
+Templates live in slurm_templates/ (shipped inside the wheel as
+lingjun_slurm/slurm_templates). Every user value passes the `q` filter (shell quoting)
+or was restricted at validation to characters that need none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from functools import lru_cache
+from pathlib import Path
+
+import jinja2
+
+from . import __version__, network
+from .network import NetworkEnv
+from .plan import TASK_WRAPPER, Plan, StagePlan
+from .shell import Shell, Word, join, quote
+
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def templates_dir() -> Path:
+    """The installed copy inside the package, else the repository's slurm_templates/."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "slurm_templates", here.parent / "slurm_templates"):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError("slurm_templates/ not found next to the lingjun_slurm package")
+
+
+def comment(value: object) -> str:
+    """Make any text safe inside a '#' comment: control characters become escapes."""
+    return _CONTROL_RE.sub(lambda m: f"\\x{ord(m.group()):02x}", str(value))
+
+
+def argv_lines(words: "tuple[Word, ...] | list[Word]") -> str:
+    """Quote argv, one '--flag [values]' group per continued line, for readable scripts."""
+    groups: list[list[Word]] = []
+    for word in words:
+        is_flag = isinstance(word, str) and word.startswith("-") and len(groups) > 0
+        if not groups or (is_flag and (len(groups) > 1 or _is_flag(groups[0][0]) or len(groups[0]) >= 2)):
+            groups.append([word])
+        else:
+            groups[-1].append(word)
+    return " \\\n  ".join(join(g) for g in groups)
+
+
+def _is_flag(word: Word) -> bool:
+    return isinstance(word, str) and word.startswith("-")
+
+
+def nccl_block(env: NetworkEnv) -> str:
+    return network.render(env, "sh").rstrip("\n")
+
+
+@lru_cache(maxsize=1)
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+        # bash uses '{#' (${#array[@]}): Jinja comments get a marker bash never writes.
+        comment_start_string="<#--",
+        comment_end_string="--#>",
+    )
+    env.filters["q"] = quote
+    env.filters["shjoin"] = join
+    env.filters["comment"] = comment
+    env.filters["argv_lines"] = argv_lines
+    env.globals["nccl_block"] = nccl_block
+    env.globals["version"] = __version__
+    env.globals["wrapper"] = TASK_WRAPPER
+    return env
+
+
+def _uses_plan(stage: StagePlan) -> bool:
+    return any(isinstance(w, Shell) and "$PLAN" in w.expr for cmd in stage.commands for w in cmd)
+
+
+def render_stage(plan: Plan, stage: StagePlan) -> str:
+    template = _environment().get_template(f"{stage.kind}.sbatch.j2")
+    text = template.render(
+        plan=plan, stage=stage, sbatch=stage.sbatch, uses_plan=_uses_plan(stage),
+        title=f"{stage.name} stage of run {plan.run_id}",
+        grace=plan.settings["training"]["save_grace_s"],
+        iterations=plan.settings["training"]["iterations"],
+        max_restarts=plan.settings["training"]["max_restarts"],
+        tracker=f"{plan.checkpoint_dir}/latest_checkpointed_iteration.txt",
+    )
+    return _tidy(text)
+
+
+def render_submit(plan: Plan) -> str:
+    text = _environment().get_template("submit.sh.j2").render(
+        plan=plan, sbatch=(), title=f"submits the chain of run {plan.run_id}")
+    return _tidy(text)
+
+
+def _tidy(text: str) -> str:
+    """Collapse runs of blank lines left by optional template blocks."""
+    return re.sub(r"\n{3,}", "\n\n", text).rstrip("\n") + "\n"
+
+
+def render_plan(plan: Plan) -> dict[str, str]:
+    """Every file of a rendered run, by file name (deterministic order)."""
+    files = {st.script: render_stage(plan, st) for st in plan.stages}
+    files["submit.sh"] = render_submit(plan)
+    files["plan.json"] = json.dumps(plan.to_json(), indent=2) + "\n"
+    return files
+
+
+def write_files(files: dict[str, str], outdir: Path) -> list[Path]:
+    """Write atomically (temp file + rename); scripts are made executable."""
+    outdir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in files.items():
+        path = outdir / name
+        tmp = outdir / f".{name}.tmp{os.getpid()}"
+        tmp.write_text(text, encoding="utf-8")
+        os.chmod(tmp, 0o755 if name.endswith((".sh", ".sbatch")) else 0o644)
+        os.replace(tmp, path)
+        written.append(path)
+    return written

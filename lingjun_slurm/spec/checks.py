@@ -1,0 +1,300 @@
+"""Cross-field rules: everything pydantic's per-field validation cannot see.
+
+Each rule returns Issues with the dotted field path the user must change. Rules are
+pure functions of the Spec so they can be unit-tested one by one.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from .. import container as container_mod
+from .. import network
+from ..errors import Issue, UsageError
+from ..megatron import versions
+from ..presets import model_presets
+from .models import BUILTIN_STAGES, Spec
+from .resolve import builtin_resources, resolve_model
+
+RESERVED_ENV = {"MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"}
+RESERVED_ENV_PREFIXES = ("SLURM_", "LINGJUN_", "PYXIS_", "ENROOT_")
+
+# sbatch options a spec may add. Everything the tool itself controls (job name, output,
+# dependency, array, resources, requeue, signal, export...) is deliberately absent.
+SBATCH_EXTRA_ALLOWED = frozenset({
+    "mail-type", "mail-user", "comment", "exclude", "nodelist", "wckey", "licenses", "nice", "switches", "hint",
+    "distribution", "gres-flags", "threads-per-core", "spread-job", "begin", "deadline", "acctg-freq", "profile",
+    "mcs-label", "network", "core-spec", "cpu-freq", "gpus-per-task", "gpu-bind", "mem-bind", "sockets-per-node",
+    "cores-per-socket", "ntasks-per-socket", "tmp", "priority", "tres-per-task", "gpu-freq", "container",
+    "oversubscribe", "mem-per-gpu", "cpus-per-gpu",
+})
+SBATCH_VALUE_RE = re.compile(r"^[A-Za-z0-9._,:=@+/\[\]*-]+$")
+URL_RE = re.compile(r"^[a-z][a-z0-9+.-]*://\S+$")
+
+Rule = Callable[[Spec], list[Issue]]
+
+
+def check_network(spec: Spec) -> list[Issue]:
+    net = spec.cluster.network
+    loc = ("cluster", "network")
+    if not net.profile and not net.instance_type:
+        names = ", ".join(sorted(network.profiles()))
+        return [Issue(loc, f"choose a network profile ({names}) or an instance_type; "
+                           "a wrong NCCL setup is slow or hangs, so there is no silent default")]
+    issues: list[Issue] = []
+    chosen = None
+    if net.profile:
+        try:
+            chosen = network.get_profile(net.profile)
+        except UsageError as exc:
+            issues.append(Issue(loc + ("profile",), str(exc)))
+    if net.instance_type:
+        try:
+            by_type = network.profile_for_instance(net.instance_type)
+        except UsageError as exc:
+            issues.append(Issue(loc + ("instance_type",), str(exc)))
+        else:
+            if chosen and chosen.name != by_type.name:
+                issues.append(Issue(loc + ("instance_type",),
+                                    f"instance type {net.instance_type} belongs to profile {by_type.name!r}, "
+                                    f"not {chosen.name!r}; give one of the two"))
+    for name in net.overrides:
+        if name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES):
+            issues.append(Issue(loc + ("overrides", name), f"{name} is set by the tool, not by the network profile"))
+    return issues
+
+
+def check_sbatch(spec: Spec) -> list[Issue]:
+    issues: list[Issue] = []
+    for key, value in spec.cluster.sbatch_extra.items():
+        loc = ("cluster", "sbatch_extra", key)
+        if key not in SBATCH_EXTRA_ALLOWED:
+            issues.append(Issue(loc, f"sbatch option {key!r} is not allowed here: the tool sets it itself or it is "
+                                     f"unknown; allowed: {', '.join(sorted(SBATCH_EXTRA_ALLOWED))}"))
+        elif not isinstance(value, bool) and not SBATCH_VALUE_RE.match(str(value)):
+            issues.append(Issue(loc, "value goes on an #SBATCH line, which cannot be quoted: use letters, digits "
+                                     "and . _ , : = @ + / [ ] * - only"))
+    for stage in spec.cluster.stages:
+        if stage not in BUILTIN_STAGES:
+            issues.append(Issue(("cluster", "stages", stage),
+                                f"unknown stage {stage!r}; resources here are for {', '.join(BUILTIN_STAGES)} "
+                                "(command stages carry their own resources)"))
+    return issues
+
+
+def check_train_layout(spec: Spec) -> list[Issue]:
+    """World size, tasks per GPU, and the TP x PP x CP x DP factorisation."""
+    if spec.stages.train.skip:
+        return []
+    issues: list[Issue] = []
+    res_loc = ("cluster", "stages", "train")
+    res = builtin_resources(spec, "train")
+    if res.gpus_per_node and res.tasks_per_node != res.gpus_per_node:
+        issues.append(Issue(res_loc + ("tasks_per_node",),
+                            f"training runs one task per GPU: tasks_per_node ({res.tasks_per_node}) must equal "
+                            f"gpus_per_node ({res.gpus_per_node})"))
+    if res.time_s is None:
+        issues.append(Issue(res_loc + ("time",), "the train stage needs a time limit (here or in cluster.defaults): "
+                                                 "it decides when to save before Slurm stops the job"))
+    elif res.time_s <= 2 * spec.training.save_grace_s:
+        issues.append(Issue(("training", "save_grace_s"),
+                            f"save_grace_s ({spec.training.save_grace_s}) leaves no time to train within the train "
+                            f"time limit ({res.time_s} s); it must be under half of it"))
+    par = spec.parallelism
+    world = res.nodes * res.tasks_per_node
+    model_parallel = par.tensor * par.pipeline * par.context
+    ploc = ("parallelism",)
+    if world % model_parallel:
+        issues.append(Issue(ploc + ("tensor",),
+                            f"tensor x pipeline x context = {par.tensor} x {par.pipeline} x {par.context} = "
+                            f"{model_parallel} must divide the world size {world} "
+                            f"({res.nodes} nodes x {res.tasks_per_node} tasks)"))
+        return issues
+    dp = world // model_parallel
+    if par.global_batch % (par.micro_batch * dp):
+        issues.append(Issue(ploc + ("global_batch",),
+                            f"global_batch ({par.global_batch}) must be divisible by micro_batch x data parallel "
+                            f"= {par.micro_batch} x {dp} = {par.micro_batch * dp}"))
+    if par.sequence_parallel and par.tensor == 1:
+        issues.append(Issue(ploc + ("sequence_parallel",), "sequence parallelism needs tensor > 1"))
+    if par.overlap_param_gather and not par.distributed_optimizer:
+        issues.append(Issue(ploc + ("overlap_param_gather",), "overlap_param_gather needs distributed_optimizer: true"))
+    return issues
+
+
+def check_model(spec: Spec) -> list[Issue]:
+    loc = ("model",)
+    presets = model_presets()
+    if spec.model.preset and spec.model.preset not in presets:
+        return [Issue(loc + ("preset",), f"unknown preset {spec.model.preset!r}; known: {', '.join(sorted(presets))}")]
+    arch = resolve_model(spec)
+    issues = [Issue(loc + (name,), "required (or choose model.preset)") for name in
+              ("num_layers", "hidden_size", "num_attention_heads", "seq_length") if arch.get(name) is None]
+    if issues:
+        return issues
+    par = spec.parallelism
+    heads, groups = arch["num_attention_heads"], arch["num_query_groups"]
+    if arch["hidden_size"] % heads:
+        issues.append(Issue(loc + ("hidden_size",),
+                            f"hidden_size ({arch['hidden_size']}) must be divisible by num_attention_heads ({heads})"))
+    if heads % groups:
+        issues.append(Issue(loc + ("num_query_groups",),
+                            f"num_attention_heads ({heads}) must be divisible by num_query_groups ({groups})"))
+    if not spec.stages.train.skip:
+        if heads % par.tensor:
+            issues.append(Issue(("parallelism", "tensor"),
+                                f"num_attention_heads ({heads}) must be divisible by tensor ({par.tensor})"))
+        if groups % par.tensor:
+            issues.append(Issue(("parallelism", "tensor"),
+                                f"num_query_groups ({groups}) must be divisible by tensor ({par.tensor})"))
+        if arch["num_layers"] % par.pipeline:
+            issues.append(Issue(("parallelism", "pipeline"),
+                                f"num_layers ({arch['num_layers']}) must be divisible by pipeline ({par.pipeline})"))
+        if arch["seq_length"] % (2 * par.context) and par.context > 1:
+            issues.append(Issue(("parallelism", "context"),
+                                f"seq_length ({arch['seq_length']}) must be divisible by 2 x context ({2 * par.context})"))
+        if arch["max_position_embeddings"] < arch["seq_length"] and arch["position_embedding"] == "learned_absolute":
+            issues.append(Issue(loc + ("max_position_embeddings",),
+                                "max_position_embeddings must be at least seq_length with learned positions"))
+    return issues
+
+
+def check_training(spec: Spec) -> list[Issue]:
+    tr, loc = spec.training, ("training",)
+    issues: list[Issue] = []
+    if tr.min_lr > tr.lr:
+        issues.append(Issue(loc + ("min_lr",), f"min_lr ({tr.min_lr}) must not exceed lr ({tr.lr})"))
+    if tr.lr_warmup_iters >= tr.iterations:
+        issues.append(Issue(loc + ("lr_warmup_iters",),
+                            f"lr_warmup_iters ({tr.lr_warmup_iters}) must be below iterations ({tr.iterations})"))
+    rc = tr.recompute
+    if rc.method and rc.granularity != "full":
+        issues.append(Issue(loc + ("recompute", "method"), "recompute.method applies to granularity: full only"))
+    if rc.granularity == "full" and (not rc.method or not rc.num_layers):
+        issues.append(Issue(loc + ("recompute",), "full recompute needs method (uniform|block) and num_layers"))
+    if tr.extra_args and tr.entrypoint != "megatron-lm":
+        issues.append(Issue(loc + ("extra_args",), "extra_args are pretrain_gpt.py arguments: "
+                                                   "they need entrypoint: megatron-lm"))
+    return issues
+
+
+def _needs_megatron_lm(spec: Spec) -> list[tuple[str, ...]]:
+    users: list[tuple[str, ...]] = []
+    if not spec.stages.train.skip and spec.training.entrypoint == "megatron-lm":
+        users.append(("training", "entrypoint"))
+    if not spec.stages.preprocess.skip and spec.data.tool == "megatron-lm":
+        users.append(("data", "tool"))
+    return users
+
+
+def check_megatron_lm(spec: Spec) -> list[Issue]:
+    users = _needs_megatron_lm(spec)
+    if spec.megatron_lm is None:
+        return [Issue(loc, "uses the image's Megatron-LM: add megatron_lm: {version: ..., path: ...} "
+                           f"(supported floor {versions.FLOOR_TEXT})") for loc in users[:1]]
+    try:
+        versions.parse_version(spec.megatron_lm.version)
+    except ValueError as exc:
+        return [Issue(("megatron_lm", "version"), str(exc))]
+    return []
+
+
+def check_data(spec: Spec) -> list[Issue]:
+    data, st, loc = spec.data, spec.stages, ("data",)
+    issues: list[Issue] = []
+    if st.merge.skip != st.preprocess.skip:
+        which = "merge" if not st.merge.skip else "preprocess"
+        issues.append(Issue(("stages", which), "preprocess and merge go together: skip both (data ready, set "
+                                               "data.prefix) or neither"))
+    if data.train_key is not None and data.train_key not in data.json_keys:
+        issues.append(Issue(loc + ("train_key",), f"train_key {data.train_key!r} is not one of json_keys "
+                                                  f"{data.json_keys}"))
+    if len(set(data.json_keys)) != len(data.json_keys):
+        issues.append(Issue(loc + ("json_keys",), "json_keys must be unique"))
+    if not st.preprocess.skip:
+        if not data.inputs:
+            issues.append(Issue(loc + ("inputs",), "preprocess needs at least one input (jsonl file or glob)"))
+        if data.tool == "megatron-lm":
+            for i, path in enumerate(data.inputs):
+                if any(ch in path for ch in "*?["):
+                    issues.append(Issue(loc + ("inputs", i), "tool: megatron-lm runs one array task per input "
+                                                             "file: list files, not globs"))
+            if data.shards not in (1, len(data.inputs)):
+                issues.append(Issue(loc + ("shards",), f"tool: megatron-lm shards by input file: shards must be "
+                                                       f"{len(data.inputs)} (the number of inputs) or left out"))
+    elif not st.train.skip and data.prefix is None:
+        issues.append(Issue(loc + ("prefix",), "preprocess is skipped: give the existing dataset prefix "
+                                               "(e.g. /data/corpus_text_document) that training reads"))
+    tok = data.tokenizer
+    if tok is not None:
+        tloc = loc + ("tokenizer",)
+        needs = {"huggingface": ["path"], "sentencepiece": ["path"], "gpt2-bpe": ["vocab_file", "merge_file"],
+                 "null": ["vocab_size"]}[tok.type]
+        for field in needs:
+            if getattr(tok, field) is None:
+                issues.append(Issue(tloc + (field,), f"tokenizer type {tok.type!r} needs {field}"))
+        for field in ("path", "vocab_file", "merge_file", "vocab_size"):
+            if field not in needs and getattr(tok, field) is not None:
+                issues.append(Issue(tloc + (field,), f"tokenizer type {tok.type!r} does not use {field}"))
+    elif not (st.train.skip and st.preprocess.skip):
+        issues.append(Issue(loc + ("tokenizer",), "preprocessing and training need a tokenizer"))
+    return issues
+
+
+def check_container(spec: Spec) -> list[Issue]:
+    issues = container_mod.lint(spec.container)
+    if spec.container.runtime == "none":
+        for field in ("image", "workdir", "name"):
+            if getattr(spec.container, field):
+                issues.append(Issue(("container", field), "runtime is 'none': container options would be ignored"))
+        if spec.container.mounts:
+            issues.append(Issue(("container", "mounts"), "runtime is 'none': container options would be ignored"))
+    return issues
+
+
+def check_env(spec: Spec) -> list[Issue]:
+    issues: list[Issue] = []
+    for name in spec.env:
+        if name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES):
+            issues.append(Issue(("env", name), f"{name} is set by Slurm or by the tool for each task"))
+        elif name.startswith("NCCL_"):
+            issues.append(Issue(("env", name), "NCCL variables belong in cluster.network.overrides, "
+                                               "so that one block sets them"))
+    return issues
+
+
+def check_checkpoint(spec: Spec) -> list[Issue]:
+    target = spec.checkpoint.copy_to
+    if target and not (target.startswith("/") or URL_RE.match(target)):
+        return [Issue(("checkpoint", "copy_to"), "expected an absolute path or a URL such as az://container/path")]
+    return []
+
+
+def check_stages(spec: Spec) -> list[Issue]:
+    issues: list[Issue] = []
+    seen: set[str] = set()
+    for i, cmd in enumerate(spec.stages.commands):
+        loc = ("stages", "commands", i)
+        if cmd.name in BUILTIN_STAGES:
+            issues.append(Issue(loc + ("name",), f"{cmd.name!r} is a built-in stage name"))
+        if cmd.name in seen:
+            issues.append(Issue(loc + ("name",), f"duplicate stage name {cmd.name!r}"))
+        seen.add(cmd.name)
+        if (cmd.before is None) == (cmd.after is None):
+            issues.append(Issue(loc, "give exactly one of before: or after: (a built-in stage name)"))
+    all_skipped = all(getattr(spec.stages, n).skip for n in BUILTIN_STAGES)
+    if all_skipped and not spec.stages.commands:
+        issues.append(Issue(("stages",), "every stage is skipped: nothing to run"))
+    return issues
+
+
+RULES: tuple[Rule, ...] = (check_network, check_sbatch, check_container, check_env, check_megatron_lm, check_data,
+                           check_model, check_train_layout, check_training, check_checkpoint, check_stages)
+
+
+def check(spec: Spec) -> list[Issue]:
+    issues: list[Issue] = []
+    for rule in RULES:
+        issues += rule(spec)
+    return issues

@@ -1,0 +1,306 @@
+"""The shape of a spec file (pydantic v2). Cross-field rules live in checks.py.
+
+Every string that reaches a shell is quoted at render time. A few values cannot be
+quoted because Slurm or pyxis parse them themselves (#SBATCH lines, the pyxis mount
+list); those fields are restricted here by a pattern, and the error says why.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+
+from ..timefmt import TIME_HELP, parse_time
+
+SPEC_VERSION = 1
+BUILTIN_STAGES = ("preprocess", "merge", "train", "checkpoint")
+
+# Values that end up on #SBATCH lines or in Slurm's own parsing: no quoting possible there.
+NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+SLURM_WORD_RE = r"^[A-Za-z0-9][A-Za-z0-9._+-]*(,[A-Za-z0-9][A-Za-z0-9._+-]*)*$"
+CONSTRAINT_RE = r"^[A-Za-z0-9._&|\[\]*()!:,-]+$"
+# Paths that appear on #SBATCH lines (log directory, --chdir) or in pyxis mount lists.
+SAFE_PATH_RE = r"^/[A-Za-z0-9._+@=/-]*$"
+ENV_NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+Name = Annotated[str, StringConstraints(pattern=NAME_RE)]
+SlurmWord = Annotated[str, StringConstraints(pattern=SLURM_WORD_RE)]
+SafePath = Annotated[str, StringConstraints(pattern=SAFE_PATH_RE)]
+EnvName = Annotated[str, StringConstraints(pattern=ENV_NAME_RE)]
+# Free text is quoted wherever it is used, but a NUL byte cannot be passed to any program.
+Text = Annotated[str, StringConstraints(min_length=1, pattern=r"^[^\x00]*$")]
+AbsPath = Annotated[str, StringConstraints(min_length=2, pattern=r"^/[^\x00]*$")]
+TimeLimit = Union[str, int]
+Memory = Annotated[str, StringConstraints(pattern=r"^[0-9]+[KMGT]?$")]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class RunSpec(Strict):
+    name: Name = Field(description="Run name; job names become <run-id>-<stage>. Letters, digits, '.', '_', '-'.")
+    workdir: SafePath = Field(
+        description="Run directory on storage shared by all nodes (absolute). Plans, scripts and records live here."
+    )
+    log_dir: Optional[SafePath] = Field(
+        default=None, description="Directory for Slurm stdout/stderr logs (absolute). Default: <workdir>/logs."
+    )
+
+
+class Resources(Strict):
+    """Slurm resources of one stage. Unset fields fall back to cluster.defaults."""
+
+    partition: Optional[SlurmWord] = Field(default=None, description="Slurm partition (--partition).")
+    nodes: Optional[int] = Field(default=None, ge=1, le=100000, description="Number of nodes (--nodes).")
+    tasks_per_node: Optional[int] = Field(
+        default=None, ge=1, le=1024, description="Tasks per node (--ntasks-per-node). Train: one per GPU."
+    )
+    gpus_per_node: Optional[int] = Field(default=None, ge=0, le=64, description="GPUs per node (--gpus-per-node); 0 for none.")
+    cpus_per_task: Optional[int] = Field(default=None, ge=1, le=4096, description="CPUs per task (--cpus-per-task).")
+    mem: Optional[Memory] = Field(default=None, description='Memory per node (--mem), e.g. "64G"; "0" for all of it.')
+    time: Optional[TimeLimit] = Field(default=None, description=f"Time limit (--time): {TIME_HELP}.")
+    exclusive: Optional[bool] = Field(default=None, description="Whole nodes (--exclusive); default from cluster.exclusive.")
+
+    @field_validator("time")
+    @classmethod
+    def _time_parses(cls, value: TimeLimit | None) -> TimeLimit | None:
+        if value is not None:
+            parse_time(value)
+        return value
+
+
+class NetworkSpec(Strict):
+    profile: Optional[Name] = Field(
+        default=None, description="Network profile name (see `lingjun-slurm nccl-env --list`)."
+    )
+    instance_type: Optional[Text] = Field(
+        default=None, description="Instance type / VM size that selects a profile, e.g. ml.gu7xf.8xlarge-gu108."
+    )
+    overrides: dict[EnvName, Optional[Text]] = Field(
+        default_factory=dict, description="Per-variable overrides; a null value unsets the profile's variable."
+    )
+
+
+class ClusterSpec(Strict):
+    network: NetworkSpec = Field(default_factory=NetworkSpec, description="NCCL / RDMA network profile.")
+    account: Optional[SlurmWord] = Field(default=None, description="Slurm account (--account).")
+    qos: Optional[SlurmWord] = Field(default=None, description="Quality of service (--qos).")
+    reservation: Optional[SlurmWord] = Field(default=None, description="Reservation (--reservation).")
+    constraint: Optional[Annotated[str, StringConstraints(pattern=CONSTRAINT_RE)]] = Field(
+        default=None, description="Node features (--constraint), e.g. 'a100&ib'."
+    )
+    exclusive: bool = Field(default=False, description="Ask for whole nodes for every stage (--exclusive).")
+    sbatch_extra: dict[str, Union[str, int, bool]] = Field(
+        default_factory=dict,
+        description="Extra sbatch options from an allow-list (mail-type, mail-user, comment, exclude, ...).",
+    )
+    defaults: Resources = Field(default_factory=Resources, description="Resources every stage starts from.")
+    stages: dict[str, Resources] = Field(
+        default_factory=dict, description="Per-stage resources for preprocess, merge, train, checkpoint."
+    )
+
+
+class Mount(Strict):
+    src: SafePath = Field(description="Host path (absolute).")
+    dst: SafePath = Field(description="Path inside the container (absolute).")
+    flags: list[Literal["ro", "rw", "nosuid", "nodev", "noexec", "rbind", "bind", "private", "rprivate", "slave",
+                        "rslave", "shared", "rshared", "x-create=dir", "x-create=file", "x-create=auto"]] = Field(
+        default_factory=list, description="Mount flags, joined with '+' for pyxis (e.g. [ro])."
+    )
+
+
+class ContainerSpec(Strict):
+    runtime: Literal["pyxis", "none"] = Field(
+        default="pyxis", description="'pyxis' runs stages in an enroot container; 'none' runs on the host."
+    )
+    image: Optional[Text] = Field(
+        default=None,
+        description="Image: [USER@][REGISTRY#]IMAGE[:TAG] (note the '#') or a .sqsh path starting with / or ./.",
+    )
+    mounts: list[Union[str, Mount]] = Field(
+        default_factory=list, description="Bind mounts as SRC:DST[:FLAGS] strings or {src, dst, flags}."
+    )
+    workdir: Optional[SafePath] = Field(default=None, description="Working directory inside the container.")
+    mount_home: bool = Field(default=False, description="Mount the user's home (--container-mount-home).")
+    remap_root: bool = Field(default=False, description="Appear as root inside (--container-remap-root).")
+    writable: bool = Field(default=True, description="Writable root filesystem (--container-writable).")
+    name: Optional[Name] = Field(default=None, description="Container name for reuse across steps (--container-name).")
+    env_passthrough: list[EnvName] = Field(
+        default_factory=list,
+        description="More host variables to force into the container (--container-env), beyond those the job sets.",
+    )
+
+
+class Tokenizer(Strict):
+    type: Literal["huggingface", "gpt2-bpe", "sentencepiece", "null"] = Field(
+        description="Tokenizer kind; no downloads happen at run time."
+    )
+    path: Optional[AbsPath] = Field(
+        default=None, description="huggingface: tokenizer.json or its directory; sentencepiece: the .model file."
+    )
+    vocab_file: Optional[AbsPath] = Field(default=None, description="gpt2-bpe: vocab.json.")
+    merge_file: Optional[AbsPath] = Field(default=None, description="gpt2-bpe: merges.txt.")
+    vocab_size: Optional[int] = Field(default=None, ge=2, description="null: vocabulary size.")
+
+
+class DataSpec(Strict):
+    tool: Literal["builtin", "megatron-lm"] = Field(
+        default="builtin",
+        description="builtin: lingjun_slurm's streaming preprocessor; megatron-lm: the image's preprocess_data.py.",
+    )
+    inputs: list[AbsPath] = Field(default_factory=list, description="jsonl files or globs (absolute).")
+    json_keys: list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]+$")]] = Field(
+        default_factory=lambda: ["text"], description="JSON keys to tokenize; one output dataset per key."
+    )
+    train_key: Optional[str] = Field(default=None, description="Which json key trains the model (default: the first).")
+    tokenizer: Optional[Tokenizer] = Field(default=None, description="Tokenizer used by preprocessing and training.")
+    append_eod: bool = Field(default=True, description="Append an end-of-document token to every document.")
+    shards: int = Field(default=1, ge=1, le=10000, description="Preprocess array size (one task per shard).")
+    workers: int = Field(default=4, ge=1, le=1024, description="Tokenizer workers per shard.")
+    output_prefix: Optional[AbsPath] = Field(
+        default=None, description="Output prefix; files are {prefix}_{key}_document.bin/.idx. Default: <workdir>/data/corpus."
+    )
+    prefix: Optional[AbsPath] = Field(
+        default=None, description="Existing dataset prefix for training when preprocess is skipped (no .bin/.idx suffix)."
+    )
+    split: Annotated[str, StringConstraints(pattern=r"^[0-9]+(,[0-9]+){0,2}$")] = Field(
+        default="969,30,1", description="Train/valid/test split weights."
+    )
+
+
+class ModelSpec(Strict):
+    preset: Optional[Name] = Field(default=None, description="Named architecture (gpt-126m, gpt-1.3b, llama3-8b, tiny).")
+    num_layers: Optional[int] = Field(default=None, ge=1)
+    hidden_size: Optional[int] = Field(default=None, ge=1)
+    num_attention_heads: Optional[int] = Field(default=None, ge=1)
+    num_query_groups: Optional[int] = Field(default=None, ge=1, description="Grouped-query attention groups.")
+    ffn_hidden_size: Optional[int] = Field(default=None, ge=1)
+    seq_length: Optional[int] = Field(default=None, ge=1)
+    max_position_embeddings: Optional[int] = Field(default=None, ge=1)
+    vocab_size: Optional[int] = Field(default=None, ge=2, description="Only for the null tokenizer / synthetic runs.")
+    normalization: Optional[Literal["LayerNorm", "RMSNorm"]] = None
+    activation: Optional[Literal["gelu", "swiglu"]] = None
+    position_embedding: Optional[Literal["learned_absolute", "rope"]] = None
+    rotary_base: Optional[int] = Field(default=None, ge=1)
+    untie_embeddings: Optional[bool] = None
+    bias_linear: Optional[bool] = None
+    hidden_dropout: Optional[float] = Field(default=None, ge=0, lt=1)
+    attention_dropout: Optional[float] = Field(default=None, ge=0, lt=1)
+
+
+class ParallelismSpec(Strict):
+    tensor: int = Field(default=1, ge=1, description="Tensor parallel size.")
+    pipeline: int = Field(default=1, ge=1, description="Pipeline parallel size.")
+    context: int = Field(default=1, ge=1, description="Context parallel size.")
+    sequence_parallel: bool = Field(default=False, description="Sequence parallelism (needs tensor > 1).")
+    micro_batch: int = Field(default=1, ge=1, description="Micro batch size per data-parallel rank.")
+    global_batch: int = Field(default=8, ge=1, description="Global batch size.")
+    distributed_optimizer: bool = Field(default=False, description="Shard optimizer state over data parallel ranks.")
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+
+
+class RecomputeSpec(Strict):
+    granularity: Optional[Literal["selective", "full"]] = None
+    method: Optional[Literal["uniform", "block"]] = None
+    num_layers: Optional[int] = Field(default=None, ge=1)
+
+
+class MegatronLMSpec(Strict):
+    version: Union[str, float] = Field(
+        description="Megatron-LM / megatron-core version in the image, e.g. '0.16.1' or 'core_v0.16.1'."
+    )
+    path: AbsPath = Field(default="/opt/megatron-lm", description="Megatron-LM checkout inside the image.")
+
+
+class TrainingSpec(Strict):
+    entrypoint: Literal["builtin", "megatron-lm"] = Field(
+        default="builtin",
+        description="builtin: lingjun_slurm's megatron-core trainer; megatron-lm: the image's pretrain_gpt.py.",
+    )
+    iterations: int = Field(default=1000, ge=1)
+    lr: float = Field(default=3.0e-4, gt=0)
+    min_lr: float = Field(default=3.0e-5, ge=0)
+    lr_decay_style: Literal["constant", "linear", "cosine", "inverse-square-root", "WSD"] = "cosine"
+    lr_warmup_iters: int = Field(default=0, ge=0)
+    lr_decay_iters: Optional[int] = Field(default=None, ge=1)
+    weight_decay: float = Field(default=0.1, ge=0)
+    clip_grad: float = Field(default=1.0, ge=0)
+    adam_beta1: float = Field(default=0.9, gt=0, lt=1)
+    adam_beta2: float = Field(default=0.95, gt=0, lt=1)
+    precision: Literal["bf16", "fp16", "fp32"] = "bf16"
+    seed: int = Field(default=1234, ge=0)
+    recompute: RecomputeSpec = Field(default_factory=RecomputeSpec)
+    log_interval: int = Field(default=10, ge=1)
+    eval_interval: int = Field(default=1000, ge=1)
+    eval_iters: int = Field(default=10, ge=0)
+    save_grace_s: int = Field(
+        default=300, ge=60, le=3600,
+        description="Seconds before the time limit at which Slurm signals the job to save and exit.",
+    )
+    max_restarts: int = Field(default=3, ge=0, le=100, description="Requeues after a time-limit save.")
+    extra_args: list[Text] = Field(
+        default_factory=list, description="More pretrain_gpt.py arguments, passed verbatim (each one quoted)."
+    )
+
+
+class CheckpointSpec(Strict):
+    dir: Optional[AbsPath] = Field(default=None, description="Checkpoint directory. Default: <workdir>/checkpoints.")
+    save_interval: int = Field(default=1000, ge=1)
+    format: Literal["torch_dist"] = Field(default="torch_dist", description="Checkpoint format.")
+    keep_last: int = Field(default=3, ge=1, description="Retention: keep this many newest checkpoints.")
+    copy_to: Optional[Text] = Field(
+        default=None, description="Copy/upload target: an absolute path or an fsspec URL (az://, s3://, ...)."
+    )
+    verify: bool = Field(default=True, description="Verify completeness and hashes before retention and copy.")
+
+
+class StageToggle(Strict):
+    skip: bool = Field(default=False, description="Leave this built-in stage out of the chain.")
+
+
+class CommandStage(Strict):
+    name: Name = Field(description="Stage name (unique; not a built-in name).")
+    command: Text = Field(description="Shell command run by bash inside the stage (this is meant to run).")
+    before: Optional[Literal["preprocess", "merge", "train", "checkpoint"]] = Field(
+        default=None, description="Place the stage just before this built-in stage."
+    )
+    after: Optional[Literal["preprocess", "merge", "train", "checkpoint"]] = Field(
+        default=None, description="Place the stage just after this built-in stage."
+    )
+    dependency: Literal["afterok", "afterany", "afternotok"] = Field(
+        default="afterok", description="How it depends on the stage before it."
+    )
+    container: bool = Field(default=True, description="Run inside the run's container (when runtime is pyxis).")
+    resources: Resources = Field(default_factory=Resources)
+
+
+class StagesSpec(Strict):
+    preprocess: StageToggle = Field(default_factory=StageToggle)
+    merge: StageToggle = Field(default_factory=StageToggle)
+    train: StageToggle = Field(default_factory=StageToggle)
+    checkpoint: StageToggle = Field(default_factory=StageToggle)
+    commands: list[CommandStage] = Field(default_factory=list, description="User command stages.")
+
+
+class Spec(Strict):
+    """One training run: data preprocessing, Megatron GPT training and checkpoint handling."""
+
+    model_config = ConfigDict(extra="forbid", title="lingjun-slurm spec")
+
+    version: Literal[1] = Field(default=SPEC_VERSION, description="Spec format version.")
+    run: RunSpec
+    cluster: ClusterSpec = Field(default_factory=ClusterSpec)
+    container: ContainerSpec = Field(default_factory=ContainerSpec)
+    megatron_lm: Optional[MegatronLMSpec] = Field(
+        default=None, description="The image's Megatron-LM, needed when a stage uses it."
+    )
+    env: dict[EnvName, Text] = Field(default_factory=dict, description="Variables set in every stage.")
+    data: DataSpec = Field(default_factory=DataSpec)
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    parallelism: ParallelismSpec = Field(default_factory=ParallelismSpec)
+    training: TrainingSpec = Field(default_factory=TrainingSpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    stages: StagesSpec = Field(default_factory=StagesSpec)

@@ -1,0 +1,55 @@
+"""The one entry command of every built-in stage (the contract the templates render).
+
+    python3 -m lingjun_slurm.stages preprocess --plan PLAN.json --shard N
+    python3 -m lingjun_slurm.stages merge      --plan PLAN.json
+    python3 -m lingjun_slurm.stages train      --plan PLAN.json
+    python3 -m lingjun_slurm.stages checkpoint --plan PLAN.json
+
+This module validates the contract (arguments, plan schema). The stage bodies arrive
+with the data, training and checkpoint work; until then a stage says so and exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..plan import PLAN_SCHEMA
+
+STAGES = ("preprocess", "merge", "train", "checkpoint")
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python3 -m lingjun_slurm.stages")
+    parser.add_argument("stage", choices=STAGES)
+    parser.add_argument("--plan", required=True, type=Path, help="plan.json written by `lingjun-slurm render`")
+    parser.add_argument("--shard", type=int, help="preprocess: the array task id")
+    args = parser.parse_args(argv)
+    if args.stage == "preprocess" and args.shard is None:
+        parser.error("preprocess needs --shard (the Slurm array task id)")
+    return args
+
+
+def load_plan(path: Path) -> dict:
+    try:
+        plan = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"lingjun-slurm: cannot read plan {path}: {exc}") from None
+    if plan.get("schema") != PLAN_SCHEMA:
+        raise SystemExit(f"lingjun-slurm: {path} has plan schema {plan.get('schema')!r}; "
+                         f"this version reads schema {PLAN_SCHEMA}: re-render the run")
+    return plan
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    plan = load_plan(args.plan)
+    print(f"lingjun-slurm: stage {args.stage} of run {plan['run_id']}: this version has no built-in "
+          f"{args.stage} implementation yet", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
