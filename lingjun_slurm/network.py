@@ -7,12 +7,13 @@ cluster-init project's /etc/nccl.conf, so the three can never disagree.
 from __future__ import annotations
 
 import json
-import shlex
+
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .errors import UsageError
 from .presets import load
+from .shell import quote
 
 FORMATS = ("sh", "env", "nccl.conf", "json")
 
@@ -118,7 +119,7 @@ def render(env: NetworkEnv, fmt: str) -> str:
     lines = [f"# NCCL network profile: {env.profile} ({env.description})"]
     if fmt == "sh":
         for var in env.vars:
-            lines += [f"# {var.reason}", f"export {var.name}={shlex.quote(var.value)}"]
+            lines += [f"# {var.reason}", f"export {var.name}={quote(var.value)}"]
         for name in env.unset:
             lines += ["# unset by the spec", f"unset {name}"]
     elif fmt in ("env", "nccl.conf"):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import shlex
+import re
 from dataclasses import dataclass
 from typing import Union
 
@@ -23,8 +23,17 @@ class Shell:
 Word = Union[str, Shell]
 
 
+_BARE_RE = re.compile(r"[A-Za-z0-9_@%+:,./-]+")
+
+
 def quote(word: Word) -> str:
-    return word.expr if isinstance(word, Shell) else shlex.quote(str(word))
+    """Single-quote unless the word is plainly safe (stricter than shlex: '=' and '#' are quoted)."""
+    if isinstance(word, Shell):
+        return word.expr
+    text = str(word)
+    if _BARE_RE.fullmatch(text):
+        return text
+    return "'" + text.replace("'", "'\"'\"'") + "'"
 
 
 def join(words: "list[Word] | tuple[Word, ...]") -> str:

@@ -1,0 +1,50 @@
+"""Shared test helpers: rendering scenarios the same way the golden files were made."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from lingjun_slurm import __version__
+from lingjun_slurm.plan import build_plan
+from lingjun_slurm.render import render_plan
+from lingjun_slurm.spec import load_spec
+
+REPO = Path(__file__).resolve().parent.parent
+GOLDEN = REPO / "tests" / "golden"
+
+
+def scenario_files() -> dict[str, Path]:
+    """Golden scenarios: tests/golden/scenarios/*.yaml plus the two shipped examples."""
+    found = {p.stem: p for p in sorted((GOLDEN / "scenarios").glob("*.yaml"))}
+    for name in ("megatron-gpt", "tiny-gpt"):
+        found[f"example-{name}"] = REPO / "examples" / f"{name}.yaml"
+    return found
+
+
+def render_scenario(name: str, path: Path) -> dict[str, str]:
+    """Render with a fixed provenance line so the output does not depend on where tests run."""
+    label = str(path.relative_to(REPO))
+    loaded = load_spec(path)
+    plan = build_plan(loaded.spec, spec_sha256=loaded.sha256, source=label,
+                      reproduce=f"lingjun-slurm render {label} -o out/{name}")
+    return render_plan(plan)
+
+
+def normalize(text: str) -> str:
+    """Golden files carry @VERSION@ so a version bump does not churn every file."""
+    return text.replace(f"lingjun-slurm {__version__}", "lingjun-slurm @VERSION@").replace(
+        f'"tool_version": "{__version__}"', '"tool_version": "@VERSION@"')
+
+
+@pytest.fixture(scope="session")
+def shellcheck() -> str:
+    exe = shutil.which("shellcheck")
+    if exe is None:
+        if os.environ.get("CI"):
+            pytest.fail("shellcheck is required in CI (apt-get install shellcheck)")
+        pytest.skip("shellcheck is not installed")
+    return exe
