@@ -15,6 +15,9 @@ from .errors import UsageError
 from .presets import load
 from .shell import quote
 
+__all__ = ["FORMATS", "EnvVar", "NetworkEnv", "Profile", "get_profile", "profile_for_instance", "profiles",
+           "quote", "render", "resolve"]
+
 FORMATS = ("sh", "env", "nccl.conf", "json")
 
 

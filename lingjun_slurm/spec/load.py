@@ -66,12 +66,17 @@ def _clean_loc(loc: tuple[Any, ...], data: Any) -> Loc:
 def _allowed_fields(loc: Loc) -> list[str] | None:
     """Field names of the model at loc (for 'unknown field' messages)."""
     model: Any = Spec
+    skip_key = False
     for part in loc[:-1]:
-        if isinstance(part, int) or model is None:
+        if isinstance(part, int):
+            continue
+        if skip_key:  # the key of a dict[str, Model] field (e.g. cluster.stages.train)
+            skip_key = False
             continue
         field = getattr(model, "model_fields", {}).get(part)
         if field is None:
             return None
+        skip_key = getattr(field.annotation, "__origin__", None) is dict
         model = _model_in(field.annotation)
     return sorted(model.model_fields) if model is not None and hasattr(model, "model_fields") else None
 
