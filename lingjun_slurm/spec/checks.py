@@ -193,8 +193,12 @@ def check_megatron_lm(spec: Spec) -> list[Issue]:
     if spec.megatron_lm is None:
         return [Issue(loc, "uses the image's Megatron-LM: add megatron_lm: {version: ..., path: ...} "
                            f"(supported floor {versions.FLOOR_TEXT})") for loc in users[:1]]
+    raw = spec.megatron_lm.version
+    if isinstance(raw, float):
+        return [Issue(("megatron_lm", "version"), f"write the version in quotes, e.g. \"0.16.1\": YAML reads an "
+                                                  f"unquoted version as the number {raw}")]
     try:
-        versions.parse_version(spec.megatron_lm.version)
+        versions.parse_version(raw)
     except ValueError as exc:
         return [Issue(("megatron_lm", "version"), str(exc))]
     return []
@@ -220,7 +224,7 @@ def check_data(spec: Spec) -> list[Issue]:
                 if any(ch in path for ch in "*?["):
                     issues.append(Issue(loc + ("inputs", i), "tool: megatron-lm runs one array task per input "
                                                              "file: list files, not globs"))
-            if data.shards not in (1, len(data.inputs)):
+            if data.inputs and data.shards not in (1, len(data.inputs)):
                 issues.append(Issue(loc + ("shards",), f"tool: megatron-lm shards by input file: shards must be "
                                                        f"{len(data.inputs)} (the number of inputs) or left out"))
     elif not st.train.skip and data.prefix is None:

@@ -63,10 +63,10 @@ class Resources(Strict):
     time: Optional[TimeLimit] = Field(default=None, description=f"Time limit (--time): {TIME_HELP}.")
     exclusive: Optional[bool] = Field(default=None, description="Whole nodes (--exclusive); default from cluster.exclusive.")
 
-    @field_validator("time")
+    @field_validator("time", mode="before")
     @classmethod
     def _time_parses(cls, value: TimeLimit | None) -> TimeLimit | None:
-        if value is not None:
+        if value is not None:  # before coercion: YAML's true must not become 1 minute
             parse_time(value)
         return value
 
@@ -291,16 +291,16 @@ class Spec(Strict):
     model_config = ConfigDict(extra="forbid", title="lingjun-slurm spec")
 
     version: Literal[1] = Field(default=SPEC_VERSION, description="Spec format version.")
-    run: RunSpec
-    cluster: ClusterSpec = Field(default_factory=ClusterSpec)
-    container: ContainerSpec = Field(default_factory=ContainerSpec)
+    run: RunSpec = Field(description="Name and shared directories of the run.")
+    cluster: ClusterSpec = Field(default_factory=ClusterSpec, description="Slurm resources, account and network.")
+    container: ContainerSpec = Field(default_factory=ContainerSpec, description="pyxis/enroot container, or none.")
     megatron_lm: Optional[MegatronLMSpec] = Field(
         default=None, description="The image's Megatron-LM, needed when a stage uses it."
     )
     env: dict[EnvName, Text] = Field(default_factory=dict, description="Variables set in every stage.")
-    data: DataSpec = Field(default_factory=DataSpec)
-    model: ModelSpec = Field(default_factory=ModelSpec)
-    parallelism: ParallelismSpec = Field(default_factory=ParallelismSpec)
-    training: TrainingSpec = Field(default_factory=TrainingSpec)
-    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
-    stages: StagesSpec = Field(default_factory=StagesSpec)
+    data: DataSpec = Field(default_factory=DataSpec, description="Corpus, tokenizer and preprocessing.")
+    model: ModelSpec = Field(default_factory=ModelSpec, description="GPT architecture: a preset plus overrides.")
+    parallelism: ParallelismSpec = Field(default_factory=ParallelismSpec, description="TP/PP/CP, batch sizes; DP is derived.")
+    training: TrainingSpec = Field(default_factory=TrainingSpec, description="Entrypoint, schedule, precision, restarts.")
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Saving, verification, retention, copy.")
+    stages: StagesSpec = Field(default_factory=StagesSpec, description="Skip built-in stages, add command stages.")

@@ -13,6 +13,9 @@ import yaml
 from ..errors import Issue, Loc
 
 
+MAX_NODES = 100_000
+
+
 class YamlDocument:
     """Plain Python data from a YAML text plus a map from field location to line number."""
 
@@ -49,8 +52,26 @@ def load_yaml(text: str) -> YamlDocument:
         if root is None:
             return YamlDocument({}, {(): 1})
 
+        budget = [MAX_NODES]
+        active: set[int] = set()
+
         def walk(node: yaml.Node, loc: Loc) -> Any:
+            budget[0] -= 1
+            if budget[0] < 0:
+                raise YamlParseError(Issue(loc, f"the document expands to more than {MAX_NODES} values "
+                                                "(aliases nested too deep?)", node.start_mark.line + 1))
+            if id(node) in active:
+                raise YamlParseError(Issue(loc, "a YAML alias refers to itself", node.start_mark.line + 1))
             lines.setdefault(loc, node.start_mark.line + 1)
+            if isinstance(node, (yaml.MappingNode, yaml.SequenceNode)):
+                active.add(id(node))
+                try:
+                    return walk_collection(node, loc)
+                finally:
+                    active.discard(id(node))
+            return loader.construct_object(node, deep=True)
+
+        def walk_collection(node: yaml.Node, loc: Loc) -> Any:
             if isinstance(node, yaml.MappingNode):
                 loader.flatten_mapping(node)
                 out: dict[Any, Any] = {}
@@ -69,9 +90,7 @@ def load_yaml(text: str) -> YamlDocument:
                     lines[loc + (key,)] = key_node.start_mark.line + 1
                     out[key] = walk(value_node, loc + (key,))
                 return out
-            if isinstance(node, yaml.SequenceNode):
-                return [walk(item, loc + (i,)) for i, item in enumerate(node.value)]
-            return loader.construct_object(node, deep=True)
+            return [walk(item, loc + (i,)) for i, item in enumerate(node.value)]
 
         data = walk(root, ())
     finally:

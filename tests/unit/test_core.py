@@ -146,3 +146,12 @@ def test_azure_profile_mounts_topology_into_the_container() -> None:
     flags = [w for w in plan.stage("train").launcher if isinstance(w, str)]
     mounts = next(f for f in flags if f.startswith("--container-mounts="))
     assert "/opt/microsoft:/opt/microsoft:ro" in mounts
+
+
+def test_unquoted_version_float_asks_for_quotes() -> None:
+    raw = _spec()
+    raw["megatron_lm"]["version"] = 0.2  # what YAML makes of an unquoted 0.20
+    from lingjun_slurm.errors import SpecError
+
+    with pytest.raises(SpecError, match="in quotes"):
+        parse_spec(yaml.safe_dump(raw), "x")

@@ -199,7 +199,7 @@ CASES = [
     c("megatron", {"training.learning_rate": 1e-4}, "training.learning_rate", "unknown field", "unknown-nested"),
     c("megatron", {"cluster.stages.train.gpus": 8}, "cluster.stages.train.gpus", "gpus_per_node",
       "unknown-resource-field"),
-    c("megatron", {"version": 2}, "version", "1", "bad-version"),
+    c("megatron", {"version": 2}, "version", "Input should be 1", "bad-version"),
     c("megatron", {"run.name": DELETE}, "run.name", "required field is missing", "missing-run-name"),
     c("megatron", {"run.workdir": DELETE}, "run.workdir", "required field is missing", "missing-workdir"),
     c("megatron", {"run.workdir": "runs/llama"}, "run.workdir", "an absolute path", "relative-workdir"),
@@ -220,6 +220,8 @@ CASES = [
       "zero-nodes"),
     c("megatron", {"cluster.stages.train.time": "2 days"}, "cluster.stages.train.time",
       "expected a Slurm time limit", "unparsable-time"),
+    c("megatron", {"cluster.stages.train.time": True}, "cluster.stages.train.time", "expected a Slurm time limit",
+      "time-bool"),
     c("megatron", {"cluster.defaults.time": DELETE, "cluster.stages.train.time": DELETE},
       "cluster.stages.train.time", "needs a time limit", "train-without-time"),
     c("tiny", {"cluster.defaults.time": "00:01:00"}, "training.save_grace_s", "under half", "grace-vs-time"),
@@ -330,9 +332,9 @@ def test_invalid_spec(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[
 
 
 def test_expected_line_helper() -> None:
-    text = "a:\n  b: 1\n  l:\n  - x: 1\n    y: 2\n  - x: 3\nz: 0\n"
-    assert [expected_line(text, p) for p in ("a.b", "a.l[0]", "a.l[0].y", "a.l[1].x", "a.l[1].y", "z", "q")] \
-        == [2, 4, 5, 6, 6, 7, 1]
+    text = "a:\n  b: 1\n  z: 1\n  l:\n  - x: 1\n    y: 2\n  - x: 3\nz: 0\n"
+    paths = ("a.b", "a.l[0]", "a.l[0].y", "a.l[1].x", "a.l[1].y", "z", "a.q", "q")
+    assert [expected_line(text, p) for p in paths] == [2, 5, 6, 7, 7, 8, 1, 1]
 
 
 HANDWRITTEN = [
@@ -356,6 +358,14 @@ def test_handwritten_yaml(text: str, line: int | None, field: str, expect: str, 
         assert re.search(rf"{re.escape(str(path))}:\d+: {re.escape(field)}: .*{re.escape(expect)}", err), err
     else:
         assert_issue(err, path, line, field, expect)
+
+
+def test_recursive_alias_is_a_spec_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "spec.yaml"
+    path.write_text("run: &r\n  name: a\n  workdir: /w\n  again: *r\n")
+    code, err = run_validate(path, capsys)
+    assert code == 2, err
+    assert f"{path}:" in err
 
 
 def test_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
