@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import sys
 from pathlib import Path
-from typing import Any, Callable, NoReturn, Optional
+from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional
 
 import click
 
 from . import __version__
 from .errors import EXIT_FAILURE, LingjunError, UsageError
+
+if TYPE_CHECKING:
+    from .spec.models import Spec
 
 
 def _fail(exc: LingjunError) -> NoReturn:
@@ -71,7 +75,7 @@ def render(spec_file: Path, outdir: Optional[Path], stage_name: Optional[str], r
     from .spec import load_spec
     from .spec.models import NAME_RE
 
-    if run_id is not None and not __import__("re").match(NAME_RE, run_id):
+    if run_id is not None and not re.fullmatch(NAME_RE, run_id):
         raise UsageError(f"--run-id {run_id!r}: use letters, digits, '.', '_' and '-' only")
     if outdir is None and stage_name is None:
         raise UsageError("give -o DIR to write the scripts, or --stage NAME to print one")
@@ -88,6 +92,9 @@ def render(spec_file: Path, outdir: Optional[Path], stage_name: Optional[str], r
         return
     assert outdir is not None
     write_files(render_plan(plan), outdir)
+    unreachable = plan_unreachable_in_container(loaded.spec, outdir)
+    if unreachable:
+        click.echo(f"warning: {unreachable}", err=True)
     click.echo(f"rendered run {plan.run_id} into {outdir}/ ({len(plan.stages)} stages):")
     for st in plan.stages:
         res = st.resources
@@ -96,6 +103,21 @@ def render(spec_file: Path, outdir: Optional[Path], stage_name: Optional[str], r
         array = f", array {st.array}" if st.array else ""
         click.echo(f"  {st.script:<24} {st.job_name:<36} after {deps:<24} {shape}{array}")
     click.echo(f"submit with: bash {shlex.quote(str(outdir / 'submit.sh'))}")
+
+
+def plan_unreachable_in_container(spec: "Spec", outdir: Path) -> Optional[str]:
+    """Built-in stages in a container read plan.json from the render directory: is it mounted?"""
+    from .container import mounts_with_workdir
+
+    if spec.container.runtime != "pyxis":
+        return None
+    where = str(outdir.resolve())
+    for mount in mounts_with_workdir(spec.container, spec.run.workdir):
+        same_path = mount.src == mount.dst
+        if same_path and (where == mount.dst or where.startswith(mount.dst.rstrip("/") + "/")):
+            return None
+    return (f"{where} is not inside run.workdir or a container mount, so built-in stages running in the "
+            f"container cannot read {where}/plan.json; render into {spec.run.workdir} (shared storage) instead")
 
 
 @cli.command()

@@ -22,7 +22,7 @@ MOUNT_FLAGS = set(Mount.model_fields["flags"].annotation.__args__[0].__args__)  
 
 def lint_image(image: str) -> str | None:
     """None if pyxis will find the image as the user meant, else an error with the fix."""
-    if not IMAGE_CHARS_RE.match(image):
+    if not IMAGE_CHARS_RE.fullmatch(image):
         return ("an image reference may hold letters, digits and . _ : / @ # + - only "
                 "(pyxis splits on spaces and commas)")
     looks_like_path = image.endswith(SQUASH_SUFFIXES) or image.startswith(("/", ".", "~"))
@@ -57,7 +57,7 @@ def parse_mount(raw: str | Mount) -> Mount:
     src, dst = parts[0], parts[1]
     flags = parts[2].split("+") if len(parts) == 3 and parts[2] else []
     for path, what in ((src, "SRC"), (dst, "DST")):
-        if not re.match(SAFE_PATH_RE, path):
+        if not re.fullmatch(SAFE_PATH_RE, path):
             raise ValueError(f"{what} {path!r} must be an absolute path of letters, digits and . _ + @ = / - "
                              "(pyxis and enroot split on ',', ':' and spaces)")
     bad = [f for f in flags if f not in MOUNT_FLAGS]

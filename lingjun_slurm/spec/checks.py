@@ -72,10 +72,16 @@ def check_sbatch(spec: Spec) -> list[Issue]:
         if key not in SBATCH_EXTRA_ALLOWED:
             issues.append(Issue(loc, f"sbatch option {key!r} is not allowed here: the tool sets it itself or it is "
                                      f"unknown; allowed: {', '.join(sorted(SBATCH_EXTRA_ALLOWED))}"))
-        elif not isinstance(value, bool) and not SBATCH_VALUE_RE.match(str(value)):
+        elif not isinstance(value, bool) and not SBATCH_VALUE_RE.fullmatch(str(value)):
             issues.append(Issue(loc, "value goes on an #SBATCH line, which cannot be quoted: use letters, digits "
                                      "and . _ , : = @ + / [ ] * - only"))
-    for stage in spec.cluster.stages:
+    for stage, res in spec.cluster.stages.items():
+        if stage in BUILTIN_STAGES and stage != "train":
+            for field in ("nodes", "tasks_per_node"):
+                if (getattr(res, field) or 1) > 1:
+                    issues.append(Issue(("cluster", "stages", stage, field),
+                                        f"the {stage} stage is one task on one node (preprocess scales out with "
+                                        "data.shards)"))
         if stage not in BUILTIN_STAGES:
             issues.append(Issue(("cluster", "stages", stage),
                                 f"unknown stage {stage!r}; resources here are for {', '.join(BUILTIN_STAGES)} "
@@ -118,8 +124,12 @@ def check_train_layout(spec: Spec) -> list[Issue]:
                             f"= {par.micro_batch} x {dp} = {par.micro_batch * dp}"))
     if par.sequence_parallel and par.tensor == 1:
         issues.append(Issue(ploc + ("sequence_parallel",), "sequence parallelism needs tensor > 1"))
-    if par.overlap_param_gather and not par.distributed_optimizer:
-        issues.append(Issue(ploc + ("overlap_param_gather",), "overlap_param_gather needs distributed_optimizer: true"))
+    if par.overlap_param_gather and not (par.distributed_optimizer and par.overlap_grad_reduce):
+        issues.append(Issue(ploc + ("overlap_param_gather",),
+                            "overlap_param_gather needs distributed_optimizer: true and overlap_grad_reduce: true"))
+    if spec.training.entrypoint == "megatron-lm" and not res.gpus_per_node:
+        issues.append(Issue(res_loc + ("gpus_per_node",), "Megatron-LM's pretrain_gpt.py needs GPUs; use "
+                                                          "entrypoint: builtin for CPU runs"))
     return issues
 
 
@@ -168,6 +178,13 @@ def check_training(spec: Spec) -> list[Issue]:
     if tr.lr_warmup_iters >= tr.iterations:
         issues.append(Issue(loc + ("lr_warmup_iters",),
                             f"lr_warmup_iters ({tr.lr_warmup_iters}) must be below iterations ({tr.iterations})"))
+    decay = tr.lr_decay_iters or tr.iterations
+    if tr.lr_decay_iters is not None and tr.lr_warmup_iters >= decay:
+        issues.append(Issue(loc + ("lr_decay_iters",),
+                            f"lr_decay_iters ({decay}) must exceed lr_warmup_iters ({tr.lr_warmup_iters})"))
+    if tr.lr_decay_style == "WSD" and tr.entrypoint == "megatron-lm":
+        issues.append(Issue(loc + ("lr_decay_style",), "WSD needs Megatron-LM's --lr-wsd-decay-* settings, which "
+                                                       "this version does not generate; use cosine or linear"))
     rc = tr.recompute
     if rc.method and rc.granularity != "full":
         issues.append(Issue(loc + ("recompute", "method"), "recompute.method applies to granularity: full only"))
@@ -238,6 +255,11 @@ def check_data(spec: Spec) -> list[Issue]:
         for field in needs:
             if getattr(tok, field) is None:
                 issues.append(Issue(tloc + (field,), f"tokenizer type {tok.type!r} needs {field}"))
+        megatron_reads_it = (not st.preprocess.skip and data.tool == "megatron-lm") or \
+            (not st.train.skip and spec.training.entrypoint == "megatron-lm")
+        if tok.type == "huggingface" and tok.path and tok.path.endswith(".json") and megatron_reads_it:
+            issues.append(Issue(tloc + ("path",), "Megatron-LM loads a HuggingFace tokenizer with from_pretrained: "
+                                                  "give the directory that holds tokenizer.json"))
         for field in ("path", "vocab_file", "merge_file", "vocab_size"):
             if field not in needs and getattr(tok, field) is not None:
                 issues.append(Issue(tloc + (field,), f"tokenizer type {tok.type!r} does not use {field}"))
@@ -270,7 +292,7 @@ def check_env(spec: Spec) -> list[Issue]:
 
 def check_checkpoint(spec: Spec) -> list[Issue]:
     target = spec.checkpoint.copy_to
-    if target and not (target.startswith("/") or URL_RE.match(target)):
+    if target and not (target.startswith("/") or URL_RE.fullmatch(target)):
         return [Issue(("checkpoint", "copy_to"), "expected an absolute path or a URL such as az://container/path")]
     return []
 

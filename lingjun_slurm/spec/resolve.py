@@ -52,7 +52,7 @@ class StageResources:
     exclusive: bool
 
 
-def merge_resources(spec: Spec, own: Resources | None) -> StageResources:
+def merge_resources(spec: Spec, own: Resources | None, *, one_task_per_gpu: bool = False) -> StageResources:
     """A stage's resources: its own values over cluster.defaults over built-in defaults."""
     base = spec.cluster.defaults
     layers = [base] + ([own] if own is not None else [])
@@ -66,7 +66,7 @@ def merge_resources(spec: Spec, own: Resources | None) -> StageResources:
         return value
 
     gpus = pick("gpus_per_node") or 0
-    tasks = pick("tasks_per_node") or (gpus if gpus else 1)
+    tasks = pick("tasks_per_node") or (gpus if gpus and one_task_per_gpu else 1)
     time = pick("time")
     exclusive = pick("exclusive")
     return StageResources(
@@ -82,10 +82,11 @@ def merge_resources(spec: Spec, own: Resources | None) -> StageResources:
 
 
 def builtin_resources(spec: Spec, stage: str) -> StageResources:
-    res = merge_resources(spec, spec.cluster.stages.get(stage))
+    res = merge_resources(spec, spec.cluster.stages.get(stage), one_task_per_gpu=stage == "train")
     if stage != "train":
-        # Only training is multi-task; the other built-ins run one task per (array) job.
-        res = StageResources(res.partition, res.nodes, 1, res.gpus_per_node, res.cpus_per_task, res.mem,
+        # Only training is multi-task: the other built-ins are one task on one node (preprocess
+        # scales out by array tasks), whatever cluster.defaults says for nodes and tasks.
+        res = StageResources(res.partition, 1, 1, res.gpus_per_node, res.cpus_per_task, res.mem,
                              res.time_s, res.exclusive)
     return res
 

@@ -155,3 +155,33 @@ def test_unquoted_version_float_asks_for_quotes() -> None:
 
     with pytest.raises(SpecError, match="in quotes"):
         parse_spec(yaml.safe_dump(raw), "x")
+
+
+@pytest.mark.parametrize("mutate,field,text", [
+    (lambda r: r["training"].update(lr_decay_iters=1000), "training.lr_decay_iters", "must exceed lr_warmup_iters"),
+    (lambda r: r["training"].update(lr_decay_style="WSD"), "training.lr_decay_style", "WSD"),
+    (lambda r: r["parallelism"].update(overlap_grad_reduce=False), "parallelism.overlap_param_gather",
+     "overlap_grad_reduce"),
+    (lambda r: r["cluster"]["stages"]["train"].update(gpus_per_node=0, tasks_per_node=8),
+     "cluster.stages.train.gpus_per_node", "needs GPUs"),
+    (lambda r: r["cluster"]["stages"]["merge"].update(nodes=2), "cluster.stages.merge.nodes", "one task on one node"),
+    (lambda r: r["data"]["tokenizer"].update(path="/t/tokenizer.json"), "data.tokenizer.path", "directory"),
+])
+def test_megatron_lm_would_reject_these(mutate, field: str, text: str) -> None:
+    from lingjun_slurm.errors import SpecError
+
+    raw = _spec()
+    mutate(raw)
+    with pytest.raises(SpecError) as info:
+        parse_spec(yaml.safe_dump(raw), "x")
+    assert any(field in line and text in line for line in str(info.value).splitlines()), str(info.value)
+
+
+def test_non_train_builtins_are_one_task_on_one_node() -> None:
+    raw = _spec()
+    raw["cluster"]["defaults"].update(nodes=4, gpus_per_node=8)
+    plan = build_plan(parse_spec(yaml.safe_dump(raw), "x").spec)
+    for name in ("preprocess", "merge", "checkpoint"):
+        res = plan.stage(name).resources
+        assert (res.nodes, res.tasks_per_node) == (1, 1), name
+    assert plan.stage("eval").resources.tasks_per_node == 1  # a command runs once per node by default

@@ -49,7 +49,7 @@ def megatron_base() -> dict[str, Any]:
         "data": {
             "inputs": ["/mnt/data/corpus/part-*.jsonl.gz"],
             "json_keys": ["text"],
-            "tokenizer": {"type": "huggingface", "path": "/mnt/data/tokenizers/llama3/tokenizer.json"},
+            "tokenizer": {"type": "huggingface", "path": "/mnt/data/tokenizers/llama3"},
             "shards": 16,
             "workers": 16,
         },

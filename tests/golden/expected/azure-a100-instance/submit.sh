@@ -4,7 +4,7 @@
 #   lingjun-slurm render tests/golden/scenarios/azure-a100-instance.yaml -o out/azure-a100-instance
 # spec sha256: e4e9c12ecd9813206550f78615145f1714b75b1bae1948d0a5406cd4f5ac316d
 # Submits the whole chain held, then releases it: either every stage is queued or none is.
-set -euo pipefail
+set -Eeuo pipefail
 cd "$(dirname "$0")"
 mkdir -p /shared/bench/a100/logs
 
@@ -21,7 +21,8 @@ trap rollback ERR
 # sbatch --parsable prints "jobid" or "jobid;cluster".
 submit() {
   local out
-  out=$(sbatch --parsable --hold "$@")
+  out=$(sbatch --parsable --hold "$@") || return 1
+  [ -n "${out%%;*}" ] || return 1
   printf '%s\n' "${out%%;*}"
 }
 
@@ -29,9 +30,8 @@ job[train]=$(submit train.sbatch)
 submitted+=("${job[train]}")
 job[checkpoint]=$(submit --dependency=afterok:"${job[train]}" checkpoint.sbatch)
 submitted+=("${job[checkpoint]}")
-trap - ERR
-
 scontrol release "$(IFS=,; echo "${submitted[*]}")"
+trap - ERR
 echo "lingjun-slurm: submitted run a100-throughput:"
 echo "  train  job ${job[train]}"
 echo "  checkpoint  job ${job[checkpoint]}  after train (afterok)"

@@ -4,7 +4,7 @@
 #   lingjun-slurm render tests/golden/scenarios/azure-h100-builtin.yaml -o out/azure-h100-builtin
 # spec sha256: 5e5daf4faa0926a54196d85bffcdd4bc93d44f704092b21f53b59a6f3dad0236
 # Submits the whole chain held, then releases it: either every stage is queued or none is.
-set -euo pipefail
+set -Eeuo pipefail
 cd "$(dirname "$0")"
 mkdir -p /shared/logs/gpt13b-azure
 
@@ -21,7 +21,8 @@ trap rollback ERR
 # sbatch --parsable prints "jobid" or "jobid;cluster".
 submit() {
   local out
-  out=$(sbatch --parsable --hold "$@")
+  out=$(sbatch --parsable --hold "$@") || return 1
+  [ -n "${out%%;*}" ] || return 1
   printf '%s\n' "${out%%;*}"
 }
 
@@ -33,9 +34,8 @@ job[train]=$(submit --dependency=afterok:"${job[merge]}" train.sbatch)
 submitted+=("${job[train]}")
 job[checkpoint]=$(submit --dependency=afterok:"${job[train]}" checkpoint.sbatch)
 submitted+=("${job[checkpoint]}")
-trap - ERR
-
 scontrol release "$(IFS=,; echo "${submitted[*]}")"
+trap - ERR
 echo "lingjun-slurm: submitted run gpt13b-azure:"
 echo "  preprocess  job ${job[preprocess]}"
 echo "  merge  job ${job[merge]}  after preprocess (afterok)"

@@ -4,7 +4,7 @@
 #   lingjun-slurm render examples/tiny-gpt.yaml -o out/example-tiny-gpt
 # spec sha256: 0a9b3587e0cf1f2bad62f2a09fa3fc54fa716009b591594ac7514df556b80aa9
 # Submits the whole chain held, then releases it: either every stage is queued or none is.
-set -euo pipefail
+set -Eeuo pipefail
 cd "$(dirname "$0")"
 mkdir -p /tmp/lingjun-slurm/tiny-gpt/logs
 
@@ -21,7 +21,8 @@ trap rollback ERR
 # sbatch --parsable prints "jobid" or "jobid;cluster".
 submit() {
   local out
-  out=$(sbatch --parsable --hold "$@")
+  out=$(sbatch --parsable --hold "$@") || return 1
+  [ -n "${out%%;*}" ] || return 1
   printf '%s\n' "${out%%;*}"
 }
 
@@ -33,9 +34,8 @@ job[train]=$(submit --dependency=afterok:"${job[merge]}" train.sbatch)
 submitted+=("${job[train]}")
 job[checkpoint]=$(submit --dependency=afterok:"${job[train]}" checkpoint.sbatch)
 submitted+=("${job[checkpoint]}")
-trap - ERR
-
 scontrol release "$(IFS=,; echo "${submitted[*]}")"
+trap - ERR
 echo "lingjun-slurm: submitted run tiny-gpt:"
 echo "  preprocess  job ${job[preprocess]}"
 echo "  merge  job ${job[merge]}  after preprocess (afterok)"

@@ -4,7 +4,7 @@
 #   lingjun-slurm render tests/golden/scenarios/skip-data-roce.yaml -o out/skip-data-roce
 # spec sha256: bdbd777cc3fff0a63c968c4794ba8aa8cf6ff0a86ba2d80283071db17a805011
 # Submits the whole chain held, then releases it: either every stage is queued or none is.
-set -euo pipefail
+set -Eeuo pipefail
 cd "$(dirname "$0")"
 mkdir -p /lustre/runs/roce-finetune/logs
 
@@ -21,7 +21,8 @@ trap rollback ERR
 # sbatch --parsable prints "jobid" or "jobid;cluster".
 submit() {
   local out
-  out=$(sbatch --parsable --hold "$@")
+  out=$(sbatch --parsable --hold "$@") || return 1
+  [ -n "${out%%;*}" ] || return 1
   printf '%s\n' "${out%%;*}"
 }
 
@@ -29,9 +30,8 @@ job[train]=$(submit train.sbatch)
 submitted+=("${job[train]}")
 job[upload-logs]=$(submit --dependency=afterany:"${job[train]}" upload-logs.sbatch)
 submitted+=("${job[upload-logs]}")
-trap - ERR
-
 scontrol release "$(IFS=,; echo "${submitted[*]}")"
+trap - ERR
 echo "lingjun-slurm: submitted run roce-finetune:"
 echo "  train  job ${job[train]}"
 echo "  upload-logs  job ${job[upload-logs]}  after train (afterany)"

@@ -4,7 +4,7 @@
 #   lingjun-slurm render tests/golden/scenarios/tcp-single-node-container.yaml -o out/tcp-single-node-container
 # spec sha256: 7845a56b92cc1ea719c4926af17ae8e0154bd539ecd0c2d4a746036f37e29c7a
 # Submits the whole chain held, then releases it: either every stage is queued or none is.
-set -euo pipefail
+set -Eeuo pipefail
 cd "$(dirname "$0")"
 mkdir -p /data/runs/smoke-tcp/logs
 
@@ -21,7 +21,8 @@ trap rollback ERR
 # sbatch --parsable prints "jobid" or "jobid;cluster".
 submit() {
   local out
-  out=$(sbatch --parsable --hold "$@")
+  out=$(sbatch --parsable --hold "$@") || return 1
+  [ -n "${out%%;*}" ] || return 1
   printf '%s\n' "${out%%;*}"
 }
 
@@ -35,9 +36,8 @@ job[train]=$(submit --dependency=afterok:"${job[merge]}" train.sbatch)
 submitted+=("${job[train]}")
 job[checkpoint]=$(submit --dependency=afterok:"${job[train]}" checkpoint.sbatch)
 submitted+=("${job[checkpoint]}")
-trap - ERR
-
 scontrol release "$(IFS=,; echo "${submitted[*]}")"
+trap - ERR
 echo "lingjun-slurm: submitted run smoke-tcp:"
 echo "  fetch-corpus  job ${job[fetch-corpus]}"
 echo "  preprocess  job ${job[preprocess]}  after fetch-corpus (afterok)"

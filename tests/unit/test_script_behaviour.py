@@ -1,0 +1,127 @@
+"""Rendered scripts behave as documented when run with Slurm's commands stubbed.
+
+The stubs model the Slurm client tools' documented behaviour: `sbatch --parsable` prints
+"jobid[;cluster]", `scancel --signal=TERM JOBID` signals the job's steps (not the batch
+shell), `scontrol show node` prints NodeAddr=. The real-cluster versions of these checks
+run against Debian's slurmctld/slurmd with the submit work.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from lingjun_slurm.cli import main
+from tests.conftest import REPO
+
+TINY = REPO / "examples" / "tiny-gpt.yaml"
+
+
+def stub(bindir: Path, name: str, body: str) -> None:
+    bindir.mkdir(exist_ok=True)
+    path = bindir / name
+    path.write_text("#!/bin/bash\n" + body)
+    path.chmod(0o755)
+
+
+def render(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as info:
+        main(["render", str(TINY), "-o", str(out)])
+        raise SystemExit(0)
+    capsys.readouterr()
+    assert not info.value.code
+    return out
+
+
+def env_for(tmp_path: Path, out: Path) -> dict[str, str]:
+    return {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "LOG": str(tmp_path / "log"),
+            "LINGJUN_RUN_DIR": str(out), "SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "node1"}
+
+
+def test_submit_rolls_back_when_an_sbatch_fails(tmp_path: Path, capsys) -> None:
+    out = render(tmp_path, capsys)
+    bindir = tmp_path / "bin"
+    stub(bindir, "sbatch", 'n=$(( $(cat "$LOG.n" 2>/dev/null || echo 100) + 1 )); echo "$n" > "$LOG.n"\n'
+                           'echo "sbatch $*" >> "$LOG"\n'
+                           '[ "$n" -eq 103 ] && { echo "sbatch: error: invalid partition specified" >&2; exit 1; }\n'
+                           'echo "$n;cluster"\n')
+    stub(bindir, "scancel", 'echo "scancel $*" >> "$LOG"\n')
+    stub(bindir, "scontrol", 'echo "scontrol $*" >> "$LOG"\n')
+    proc = subprocess.run(["bash", str(out / "submit.sh")], env=env_for(tmp_path, out), capture_output=True,
+                          text=True)
+    log = (tmp_path / "log").read_text().splitlines()
+    assert proc.returncode != 0
+    assert "invalid partition" in proc.stderr
+    assert "scancel 101 102" in log, log
+    assert not any(line.startswith("scontrol release") for line in log)
+    assert sum(line.startswith("sbatch") for line in log) == 3  # nothing after the failure
+
+
+def test_submit_releases_the_whole_chain(tmp_path: Path, capsys) -> None:
+    out = render(tmp_path, capsys)
+    bindir = tmp_path / "bin"
+    stub(bindir, "sbatch", 'n=$(( $(cat "$LOG.n" 2>/dev/null || echo 100) + 1 )); echo "$n" > "$LOG.n"\n'
+                           'echo "sbatch $*" >> "$LOG"\necho "$n;cluster"\n')
+    stub(bindir, "scontrol", 'echo "scontrol $*" >> "$LOG"\n')
+    proc = subprocess.run(["bash", str(out / "submit.sh")], env=env_for(tmp_path, out), capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stderr
+    log = (tmp_path / "log").read_text().splitlines()
+    assert all("--parsable --hold" in line for line in log if line.startswith("sbatch"))
+    assert "sbatch --parsable --hold --dependency=afterok:101 merge.sbatch" in log
+    assert log[-1] == "scontrol release 101,102,103,104"
+
+
+def test_time_limit_signal_saves_and_requeues(tmp_path: Path, capsys) -> None:
+    """USR1 to the batch shell -> SIGTERM to the steps via scancel -> wait -> scontrol requeue."""
+    out = render(tmp_path, capsys)
+    bindir = tmp_path / "bin"
+    stub(bindir, "srun", 'echo $$ > "$LOG.srun"\ntrap \'echo "srun task got TERM, saving" >> "$LOG"; exit 0\' TERM\n'
+                         'for _ in $(seq 300); do sleep 0.1; done\nexit 3\n')
+    stub(bindir, "scancel", 'echo "scancel $*" >> "$LOG"\n'
+                            '[ "$1" = "--signal=TERM" ] && kill -TERM "$(cat "$LOG.srun")"\n')
+    stub(bindir, "scontrol", 'echo "scontrol $*" >> "$LOG"\ncase "$1 $2" in\n  "show hostnames") echo node1 ;;\n'
+                             '  "show node") echo "NodeName=node1 NodeAddr=127.0.0.1" ;;\nesac\n')
+    proc = subprocess.Popen(["bash", str(out / "train.sbatch")], env=env_for(tmp_path, out),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for _ in range(100):
+        if (tmp_path / "log.srun").exists():
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGUSR1)
+    stdout, _ = proc.communicate(timeout=30)
+    log = (tmp_path / "log").read_text().splitlines()
+    assert proc.returncode == 0, stdout
+    assert "scancel --signal=TERM 5" in log and "srun task got TERM, saving" in log
+    assert "scontrol requeue 5" in log
+    assert "MASTER_ADDR=127.0.0.1" in stdout and "requeueing (restart 1 of 3)" in stdout
+
+
+def test_no_requeue_when_training_is_complete(tmp_path: Path, capsys) -> None:
+    out = render(tmp_path, capsys)
+    ckpt = Path("/tmp/lingjun-slurm/tiny-gpt/checkpoints")
+    bindir = tmp_path / "bin"
+    stub(bindir, "srun", 'exit 0\n')
+    stub(bindir, "scontrol", 'echo "scontrol $*" >> "$LOG"\n')
+    ckpt.mkdir(parents=True, exist_ok=True)
+    tracker = ckpt / "latest_checkpointed_iteration.txt"
+    tracker.write_text("40\n")
+    try:
+        proc = subprocess.run(["bash", str(out / "train.sbatch")], env=env_for(tmp_path, out), capture_output=True,
+                              text=True)
+    finally:
+        tracker.unlink()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "requeue" not in (tmp_path / "log").read_text()
+
+
+def test_run_id_with_newline_is_refused(capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["render", str(TINY), "--stage", "train", "--run-id", "evil\n"])
+    assert info.value.code == 2
