@@ -7,7 +7,6 @@ cluster-init project's /etc/nccl.conf, so the three can never disagree.
 from __future__ import annotations
 
 import json
-
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
