@@ -53,10 +53,6 @@ class StagePlan:
     array: str | None = None
     vars: dict[str, Any] = field(default_factory=dict)  # template-only extras (e.g. input lists)
 
-    @property
-    def env_names(self) -> list[str]:
-        return env_names(self.env, self.network, self.kind == "train")
-
 
 def env_names(env: tuple[EnvVar, ...], net: NetworkEnv | None, train: bool) -> list[str]:
     """Every variable a stage's script sets: all of them go to --container-env."""
@@ -277,7 +273,8 @@ def build_plan(spec: Spec, *, run_id: str | None = None, spec_sha256: str = "", 
             name=name, kind=kind, script=f"{name}.sbatch", job_name=job_name,
             sbatch=_sbatch(spec, job_name, res, logs, array=array, dependent=bool(deps), train=kind == "train"),
             depends_on=deps, resources=res, env=env, network=stage_net,
-            launcher=_launcher(spec, kind, env_names(env, stage_net, kind == "train"), use_container), commands=cmds, container=use_container,
+            launcher=_launcher(spec, kind, env_names(env, stage_net, kind == "train"), use_container),
+            commands=cmds, container=use_container,
             array=array, vars=vars_,
         ))
     return Plan(run_id=run_id, name=spec.run.name, spec_sha256=spec_sha256, source=source, workdir=spec.run.workdir,
