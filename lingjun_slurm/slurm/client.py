@@ -1,0 +1,111 @@
+"""The Slurm scheduler on top of a Transport: sbatch, scontrol, scancel, squeue, sacct.
+
+Every method is one command. Status-style reads are batched: one `squeue --json` and at
+most one `sacct` cover every job shown, however many there are (submitit's InfoWatcher).
+Failures raise CommandError with the command, exit code and Slurm's raw stderr.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable, Optional, Sequence
+
+from ..errors import CommandError
+from ..transport.base import Transport
+from .parse import SACCT_FIELDS, JobInfo, parse_sacct_parsable, parse_squeue_json
+
+_JOB_ID_RE = re.compile(r"^[0-9]+$")
+_NO_ACCOUNTING = ("accounting storage is disabled", "Connection refused", "Unable to contact slurm")
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    name: str
+    slurm_version: str
+    accounting: bool
+    jobcomp_type: str
+    jobcomp_loc: str
+
+
+class SlurmCLI:
+    def __init__(self, transport: Transport) -> None:
+        self.t = transport
+
+    def available(self) -> bool:
+        return self.t.which("sbatch") is not None
+
+    def submit(self, script: str, *, cwd: str, hold: bool = True, dependency: Optional[str] = None,
+               extra: Sequence[str] = ()) -> str:
+        """sbatch --parsable [--hold] [--dependency=...] SCRIPT (run in cwd) -> job id."""
+        argv = ["sbatch", "--parsable"]
+        if hold:
+            argv.append("--hold")
+        if dependency:
+            argv.append(f"--dependency={dependency}")
+        argv += [*extra, script]
+        result = self.t.run(argv, cwd=cwd, check=True, what=f"sbatch {script} failed")
+        out = result.stdout.strip()
+        job_id = out.splitlines()[-1].split(";")[0].strip() if out else ""
+        if not _JOB_ID_RE.match(job_id):
+            raise CommandError(result.argv, result.returncode, result.stdout, result.stderr,
+                               what=f"sbatch {script} printed no job id", host=self.t.host)
+        return job_id
+
+    def release(self, job_ids: Iterable[str]) -> None:
+        ids = list(job_ids)
+        if ids:
+            self.t.run(["scontrol", "release", ",".join(ids)], check=True, what="scontrol release failed")
+
+    def cancel(self, job_ids: Iterable[str], *, signal: Optional[str] = None) -> None:
+        """One scancel for every id. Jobs that already ended are not an error."""
+        ids = list(job_ids)
+        if not ids:
+            return
+        argv = ["scancel"] + ([f"--signal={signal}"] if signal else []) + ids
+        result = self.t.run(argv)
+        benign = ("Invalid job id specified" in result.stderr
+                  or "already completing or completed" in result.stderr)
+        if result.returncode != 0 and not benign:
+            result.check("scancel failed", self.t.host)
+
+    def queue(self) -> list[JobInfo]:
+        """Every job slurmctld still remembers: one `squeue --json` (22.05 ignores -j anyway).
+
+        Callers filter by job id. `--me` limits the document to the caller's jobs where
+        Slurm honours it (23.02+).
+        """
+        result = self.t.run(["squeue", "--json", "--me"], check=True, what="squeue failed")
+        return parse_squeue_json(result.stdout)
+
+    def accounting(self, job_ids: Iterable[str]) -> Optional[list[JobInfo]]:
+        """One `sacct --parsable2` for every id; None when accounting is not available."""
+        ids = sorted(set(job_ids), key=lambda j: (len(j), j))
+        if not ids:
+            return []
+        argv = ["sacct", "--parsable2", "--noheader", "--allocations", "--duplicates", f"--format={','.join(SACCT_FIELDS)}",
+                f"--jobs={','.join(ids)}"]
+        result = self.t.run(argv)
+        if result.returncode != 0:
+            if any(marker in result.stderr for marker in _NO_ACCOUNTING):
+                return None
+            result.check("sacct failed", self.t.host)
+        return parse_sacct_parsable(result.stdout)
+
+    def cluster_info(self) -> ClusterInfo:
+        """One `scontrol show config`: cluster name, version, accounting and jobcomp settings."""
+        result = self.t.run(["scontrol", "show", "config"], check=True, what="scontrol show config failed")
+        conf: dict[str, str] = {}
+        for line in result.stdout.splitlines():
+            key, sep, value = line.partition("=")
+            if sep:
+                conf[key.strip()] = value.strip()
+        storage = conf.get("AccountingStorageType", "")
+        jobcomp = conf.get("JobCompType", "")
+        return ClusterInfo(
+            name=conf.get("ClusterName", ""),
+            slurm_version=conf.get("SLURM_VERSION", ""),
+            accounting=storage.endswith("slurmdbd"),
+            jobcomp_type=jobcomp.split("/")[-1] if jobcomp else "",
+            jobcomp_loc=conf.get("JobCompLoc", ""),
+        )

@@ -1,0 +1,372 @@
+"""Pure parsers: Slurm CLI output -> JobInfo records (Slurm 22.05 through 24.11).
+
+Nothing here runs a command; callers hand over the text. Three sources:
+
+* ``squeue --json``: 22.05 (openapi v0.0.37/38: plain numbers, ``job_state`` a string,
+  ``exit_code`` the raw wait status), 23.02 (data_parser v0.0.39: numbers wrapped as
+  ``{"set", "infinite", "number"}``, ``exit_code`` still the raw wait status), 23.11+
+  (v0.0.40-v0.0.42: ``job_state`` a list of base state + flags, ``exit_code`` an object
+  ``{"status", "return_code", "signal"}``). 22.05 ignores -j/-t/-u: filter client-side.
+* ``sacct --parsable2 --noheader --allocations --format=<SACCT_FIELDS>``: --allocations
+  (-X) keeps one line per job (the job's own State/ExitCode); step lines (``123.batch``,
+  ``123.extern``, ``123.0``) are skipped anyway. With --duplicates a requeued job appears
+  once per run: the records are merged, the last wins and ``restarts`` counts the rest.
+  Query with --jobs=...: without it sacct drops jobs cancelled before they were eligible.
+  Times must use the default format (leave SLURM_TIME_FORMAT unset or "standard").
+* jobcomp/filetxt log lines (src/plugins/jobcomp/filetxt/jobcomp_filetxt.c). Array tasks
+  carry `` ArrayJobId=N ArrayTaskId=M``; an array's never-started remainder is logged as a
+  plain ``JobId=<array id>`` line and cannot be told from a plain job. A requeue writes a
+  line too: lines are merged per job like sacct --duplicates.
+
+Conventions: a normal exit gives ``(exit_code, 0)``; death by signal gives ``(None, sig)``.
+Jobs not finished (pending, running, ...) have no exit code and no end time; jobs not
+started have no start time either (Slurm reports estimates there). Local-time strings
+("2026-11-29T10:00:00") are read in the local time zone.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Iterable, Sequence
+
+__all__ = [
+    "SACCT_FIELDS",
+    "JobInfo",
+    "SlurmParseError",
+    "decode_wait_status",
+    "parse_duration",
+    "parse_jobcomp_filetxt",
+    "parse_sacct_parsable",
+    "parse_squeue_json",
+    "parse_state",
+]
+
+
+class SlurmParseError(ValueError):
+    """Slurm output that cannot be read at all (unknown state names are not an error)."""
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    job_id: str  # "123", "123_4" (array task) or "123_[0-3]" (pending array remainder)
+    array_job_id: str | None
+    array_task_id: int | None
+    array_tasks_pending: str | None  # "0-3", "2,5-7" (throttle "%N" removed)
+    name: str
+    state: str  # base state, upper case; unknown names are kept as given
+    flags: tuple[str, ...]
+    reason: str | None
+    exit_code: int | None
+    signal: int | None
+    start: float | None
+    end: float | None
+    elapsed_s: int | None
+    nodes: str | None
+    restarts: int
+    source: str  # "squeue" | "sacct" | "jobcomp"
+
+
+# sacct 22.05 --helpformat has all of these; JobName is last so a "|" in a name survives.
+SACCT_FIELDS: tuple[str, ...] = (
+    "JobID", "JobIDRaw", "State", "ExitCode", "Elapsed", "Start", "End", "NodeList", "Reason", "JobName",
+)
+
+BASE_STATES = frozenset({
+    "PENDING", "RUNNING", "SUSPENDED", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL",
+    "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY",
+})
+# States in which a job has not started (Slurm's start/end are estimates) ...
+NOT_STARTED = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
+# ... and in which it has not finished (no exit status, end time is the limit).
+UNFINISHED = NOT_STARTED | {"RUNNING", "SUSPENDED", "CONFIGURING", "RESIZING"}
+
+_NO_VAL32 = 0xFFFFFFFE
+_EMPTY = frozenset({"", "none", "unknown", "n/a", "(null)", "none assigned", "invalid"})
+_ARRAY_ID = re.compile(r"^(?P<job>\d+)_(?:(?P<task>\d+)|\[(?P<pending>[^\]]*)\])$")
+_DURATION = re.compile(r"^(?:(?P<d>\d+)-)?(?:(?P<h>\d+):)?(?P<m>\d+):(?P<s>\d+)(?:\.\d+)?$")
+
+
+def decode_wait_status(raw: int) -> tuple[int | None, int | None]:
+    """POSIX wait status -> (exit code, signal): 1792 -> (7, 0), 9 -> (None, 9), 139 -> (None, 11)."""
+    if raw is None or isinstance(raw, bool) or raw < 0 or raw >= _NO_VAL32:
+        return None, None
+    low7 = raw & 0x7F
+    if low7 == 0:
+        return (raw >> 8) & 0xFF, 0
+    if low7 == 0x7F:  # stopped, not terminated
+        return None, None
+    return None, low7
+
+
+def parse_state(raw: Any) -> tuple[str, tuple[str, ...]]:
+    """State as Slurm prints it -> (primary state, extra flags).
+
+    "CANCELLED by 0" -> ("CANCELLED", ()); ["PENDING", "REQUEUED"] -> ("PENDING", ("REQUEUED",)).
+    Unknown names are kept (upper-cased). Lists take their first base state as primary.
+    """
+    if isinstance(raw, (list, tuple)):
+        names = [str(x).strip().upper() for x in raw if str(x).strip()]
+    elif isinstance(raw, str):
+        word = raw.strip().split(" ")[0].rstrip("+") if raw.strip() else ""
+        names = [word.upper()] if word else []
+    else:
+        names = []
+    if not names:
+        return "UNKNOWN", ()
+    primary = next((n for n in names if n in BASE_STATES), names[0])
+    return primary, tuple(n for n in names if n != primary)
+
+
+def parse_duration(text: str) -> int | None:
+    """Slurm elapsed time -> seconds: "1-02:03:04", "02:03:04", "03:04"; None when unset."""
+    match = _DURATION.match(text.strip())
+    if not match:
+        return None
+    d, h, m, s = (int(match.group(k) or 0) for k in "dhms")
+    return ((d * 24 + h) * 60 + m) * 60 + s
+
+
+def _local_time(text: str) -> float | None:
+    value = text.strip()
+    if value.lower() in _EMPTY:
+        return None
+    try:
+        return time.mktime(time.strptime(value, "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        raise SlurmParseError(
+            f"unreadable Slurm time {value!r} (expected YYYY-MM-DDTHH:MM:SS; "
+            "is SLURM_TIME_FORMAT set?)") from None
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    text = str(value).strip()
+    return None if text.lower() in _EMPTY else text
+
+
+def _number(value: Any) -> int | None:
+    """A JSON number, or a 23.02+ {"set", "infinite", "number"} object, as an int (or None)."""
+    if isinstance(value, dict):
+        if not value.get("set", False) or value.get("infinite", False):
+            return None
+        value = value.get("number")
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _epoch(value: Any) -> float | None:
+    number = _number(value)
+    return float(number) if number and 0 < number < _NO_VAL32 else None
+
+
+def _exit_from_json(value: Any) -> tuple[int | None, int | None]:
+    if isinstance(value, dict) and ("status" in value or "return_code" in value):
+        status = {str(s).upper() for s in value.get("status") or ()}
+        signal_id = _number((value.get("signal") or {}).get("id"))
+        if status & {"SIGNALED", "CORE_DUMPED"} or (signal_id and not status & {"SUCCESS", "ERROR"}):
+            return None, signal_id
+        if "PENDING" in status or "INVALID" in status:
+            return None, None
+        code = _number(value.get("return_code"))
+        return (code, 0) if code is not None else (None, None)
+    raw = _number(value)  # 22.05 int, 23.02 object: both the raw wait status
+    return decode_wait_status(raw) if raw is not None else (None, None)
+
+
+def _exit_from_text(text: str) -> tuple[int | None, int | None]:
+    """sacct/jobcomp "7:0" -> (7, 0); "0:9" -> (None, 9)."""
+    code_text, _, sig_text = text.strip().partition(":")
+    try:
+        code, sig = int(code_text), int(sig_text or 0)
+    except ValueError:
+        return None, None
+    return (code or None, sig) if sig else (code, 0)
+
+
+def _array_ids(job_id: str) -> tuple[str | None, int | None, str | None]:
+    """"8_0" -> ("8", 0, None); "8_[2-5%2]" -> ("8", None, "2-5"); "6" -> (None, None, None)."""
+    match = _ARRAY_ID.match(job_id)
+    if not match:
+        return None, None, None
+    if match.group("task") is not None:
+        return match.group("job"), int(match.group("task")), None
+    return match.group("job"), None, re.sub(r"%\d+$", "", match.group("pending")) or None
+
+
+def _build(*, job_id: str, array_job_id: str | None, array_task_id: int | None,
+           pending: str | None, name: str, state_raw: Any, reason: Any,
+           exit_status: tuple[int | None, int | None], start: float | None, end: float | None,
+           elapsed_s: int | None, nodes: Any, restarts: int, source: str) -> JobInfo:
+    state, flags = parse_state(state_raw)
+    if state in UNFINISHED:
+        exit_status, end = (None, None), None
+    if state in NOT_STARTED:
+        start = None
+    return JobInfo(
+        job_id=job_id, array_job_id=array_job_id, array_task_id=array_task_id,
+        array_tasks_pending=pending, name=name, state=state, flags=flags, reason=_text(reason),
+        exit_code=exit_status[0], signal=exit_status[1], start=start, end=end, elapsed_s=elapsed_s,
+        nodes=_text(nodes), restarts=restarts, source=source)
+
+
+def _merge_runs(jobs: Iterable[JobInfo]) -> list[JobInfo]:
+    """One record per job id, in first-seen order: the last run wins, earlier runs are restarts."""
+    merged: dict[str, JobInfo] = {}
+    for job in jobs:
+        if job.job_id in merged:
+            job = replace(job, restarts=max(job.restarts, merged[job.job_id].restarts + 1))
+        merged[job.job_id] = job
+    return list(merged.values())
+
+
+# ---------------------------------------------------------------------------- squeue --json
+
+
+def parse_squeue_json(text: str) -> list[JobInfo]:
+    """`squeue --json` (22.05 to 24.11) -> one JobInfo per job record."""
+    try:
+        doc = json.loads(text)
+    except (json.JSONDecodeError, TypeError) as exc:
+        raise SlurmParseError(f"squeue --json output is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise SlurmParseError(f"squeue --json output is a {type(doc).__name__}, expected an object")
+    jobs = doc.get("jobs")
+    errors = doc.get("errors") or []
+    if errors and not jobs:
+        messages = "; ".join(
+            str(e.get("description") or e.get("error") or e) if isinstance(e, dict) else str(e)
+            for e in errors)
+        raise SlurmParseError(f"squeue --json reported errors: {messages}")
+    if jobs is None:
+        raise SlurmParseError('squeue --json output has no "jobs" list')
+    if not isinstance(jobs, list):
+        raise SlurmParseError(f'squeue --json "jobs" is a {type(jobs).__name__}, expected a list')
+    return [_squeue_job(record, index) for index, record in enumerate(jobs)]
+
+
+def _squeue_job(record: Any, index: int) -> JobInfo:
+    if not isinstance(record, dict):
+        raise SlurmParseError(f"squeue --json jobs[{index}] is a {type(record).__name__}, expected an object")
+    raw_id = _number(record.get("job_id"))
+    if raw_id is None:
+        raise SlurmParseError(f"squeue --json jobs[{index}] has no job_id")
+    array_job = _number(record.get("array_job_id")) or None
+    task = _number(record.get("array_task_id"))
+    task = task if task is not None and task < _NO_VAL32 else None
+    task_string = re.sub(r"%\d+$", "", str(record.get("array_task_string") or "").strip())
+    pending: str | None = None
+    if array_job is None:
+        job_id, task = str(raw_id), None
+    elif task is not None:
+        job_id = f"{array_job}_{task}"
+    elif task_string.isdigit():
+        task = int(task_string)
+        job_id = f"{array_job}_{task}"
+    elif task_string:
+        pending, job_id = task_string, f"{array_job}_[{task_string}]"
+    else:  # an array record with neither task id nor task list: keep Slurm's own id
+        job_id = str(raw_id)
+    nodes = record.get("nodes")
+    if isinstance(nodes, dict):  # defensive: job_resources-style node object
+        nodes = nodes.get("list")
+    return _build(
+        job_id=job_id, array_job_id=str(array_job) if array_job else None, array_task_id=task,
+        pending=pending, name=str(record.get("name") or ""), state_raw=record.get("job_state"),
+        reason=record.get("state_reason"), exit_status=_exit_from_json(record.get("exit_code")),
+        start=_epoch(record.get("start_time")), end=_epoch(record.get("end_time")), elapsed_s=None,
+        nodes=nodes, restarts=_number(record.get("restart_cnt")) or 0, source="squeue")
+
+
+# ---------------------------------------------------------------------------- sacct
+
+
+def parse_sacct_parsable(text: str, *, fields: Sequence[str] = SACCT_FIELDS) -> list[JobInfo]:
+    """`sacct --parsable2 --noheader --allocations --format=<fields>` -> one JobInfo per job.
+
+    A header line (when --noheader was left out) replaces ``fields``. Step lines are skipped.
+    """
+    columns = list(fields)
+    jobs: list[JobInfo] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        if line.split("|")[0] == "JobID" and not jobs:
+            columns = line.split("|")
+            continue
+        last_is_name = columns[-1] == "JobName"
+        values = line.split("|", len(columns) - 1) if last_is_name else line.split("|")
+        if len(values) != len(columns):
+            raise SlurmParseError(
+                f"sacct line {number} has {len(values)} fields, expected {len(columns)} "
+                f"({','.join(columns)}): {line!r}")
+        row = dict(zip(columns, values))
+        if "JobID" not in row:
+            raise SlurmParseError(f"sacct fields lack JobID: {','.join(columns)}")
+        job_id = row["JobID"].strip()
+        if "." in job_id or "." in row.get("JobIDRaw", ""):
+            continue  # a step: 123.batch, 123.extern, 123.0, 8_1.batch
+        array_job, task, pending = _array_ids(job_id)
+        jobs.append(_build(
+            job_id=job_id if pending is None else f"{array_job}_[{pending}]", array_job_id=array_job,
+            array_task_id=task, pending=pending, name=row.get("JobName", ""), state_raw=row.get("State", ""),
+            reason=row.get("Reason"), exit_status=_exit_from_text(row.get("ExitCode", "")),
+            start=_local_time(row.get("Start", "")), end=_local_time(row.get("End", "")),
+            elapsed_s=parse_duration(row.get("Elapsed", "")), nodes=row.get("NodeList"),
+            restarts=0, source="sacct"))
+    return _merge_runs(jobs)
+
+
+# ---------------------------------------------------------------------------- jobcomp/filetxt
+
+# JOB_FORMAT of jobcomp_filetxt.c: fixed order; Name and WorkDir may hold spaces (and even
+# " Key=" text), so they are matched greedily up to the key that must follow them.
+_JOBCOMP_LINE = re.compile(
+    r"^JobId=(?P<JobId>\d+) UserId=(?P<UserId>.*?) GroupId=(?P<GroupId>.*?) Name=(?P<Name>.*)"
+    r" JobState=(?P<JobState>\S+) Partition=(?P<Partition>.*?) TimeLimit=(?P<TimeLimit>\S*)"
+    r" StartTime=(?P<StartTime>\S*) EndTime=(?P<EndTime>\S*) NodeList=(?P<NodeList>\S*)"
+    r" NodeCnt=(?P<NodeCnt>\d*) ProcCnt=(?P<ProcCnt>\d*) WorkDir=(?P<WorkDir>.*)"
+    r" ReservationName=(?P<ReservationName>.*?) Tres=(?P<Tres>.*?) Account=(?P<Account>.*?)"
+    r" QOS=(?P<QOS>.*?) WcKey=(?P<WcKey>.*?) Cluster=(?P<Cluster>.*?) SubmitTime=(?P<SubmitTime>\S*)"
+    r" EligibleTime=(?P<EligibleTime>\S*)(?: ArrayJobId=(?P<ArrayJobId>\d+) ArrayTaskId=(?P<ArrayTaskId>\d+))?"
+    r"(?: HetJobId=(?P<HetJobId>\d+) HetJobOffset=(?P<HetJobOffset>\d+))?"
+    r" DerivedExitCode=(?P<DerivedExitCode>\S*) ExitCode=(?P<ExitCode>\S*)\s*$")
+_JOBCOMP_KEY = re.compile(r"(?:^|\s)([A-Za-z]+)=")
+
+
+def _jobcomp_fields(line: str) -> dict[str, str]:
+    match = _JOBCOMP_LINE.match(line)
+    if match:
+        return {k: v for k, v in match.groupdict().items() if v is not None}
+    # Another version's field list: split at " Key=" boundaries (values without "Key=").
+    keys = list(_JOBCOMP_KEY.finditer(line))
+    return {m.group(1): line[m.end():(keys[i + 1].start() if i + 1 < len(keys) else len(line))].strip()
+            for i, m in enumerate(keys)}
+
+
+def parse_jobcomp_filetxt(text: str) -> list[JobInfo]:
+    """jobcomp/filetxt log lines -> one JobInfo per job (repeated lines merged, see module doc)."""
+    jobs: list[JobInfo] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        row = _jobcomp_fields(line.rstrip("\n"))
+        if not row.get("JobId", "").isdigit() or "JobState" not in row:
+            raise SlurmParseError(f"jobcomp line {number} is not a JobId=... JobState=... record: {line[:120]!r}")
+        array_job = row.get("ArrayJobId")
+        task = int(row["ArrayTaskId"]) if row.get("ArrayTaskId", "").isdigit() else None
+        job_id = f"{array_job}_{task}" if array_job and task is not None else row["JobId"]
+        jobs.append(_build(
+            job_id=job_id, array_job_id=array_job if task is not None else None, array_task_id=task,
+            pending=None, name=row.get("Name", ""), state_raw=row["JobState"], reason=None,
+            exit_status=_exit_from_text(row.get("ExitCode", "")),
+            start=_local_time(row.get("StartTime", "")), end=_local_time(row.get("EndTime", "")),
+            elapsed_s=None, nodes=row.get("NodeList"), restarts=0, source="jobcomp"))
+    return _merge_runs(jobs)
