@@ -20,6 +20,7 @@ from .spec.resolve import (StageResources, active_builtins, builtin_resources, c
 from .timefmt import format_time
 
 PLAN_SCHEMA = 1
+EXECUTORS = ("slurm", "local")
 PLAN_VAR = Shell('"$PLAN"')
 PYTHON = "python3"
 # Each task learns its torch.distributed identity from Slurm inside the srun step.
@@ -72,6 +73,7 @@ class Plan:
     stages: tuple[StagePlan, ...]
     settings: dict[str, Any]
     reproduce: str
+    executor: str = "slurm"
     tool_version: str = __version__
 
     def stage(self, name: str) -> StagePlan:
@@ -86,6 +88,7 @@ class Plan:
             "tool_version": self.tool_version,
             "run_id": self.run_id,
             "name": self.name,
+            "executor": self.executor,
             "spec_sha256": self.spec_sha256,
             "workdir": self.workdir,
             "log_dir": self.log_dir,
@@ -184,6 +187,15 @@ def _launcher(spec: Spec, st_kind: str, names: list[str], use_container: bool) -
     return tuple(words)
 
 
+def local_launcher(res: StageResources, kind: str) -> tuple[Word, ...]:
+    """The local executor's stand-in for srun: N tasks on this machine, SLURM_PROCID etc. set."""
+    words: list[Word] = [PYTHON, "-m", "lingjun_slurm.executors.launch", "--ntasks",
+                         str(res.nodes * res.tasks_per_node)]
+    if kind == "train":
+        words.append("--kill-on-bad-exit")
+    return tuple(words + ["--"])
+
+
 def _builtin_commands(spec: Spec, kind: str) -> tuple[tuple[tuple[Word, ...], ...], dict[str, Any]]:
     """The entry command(s) of a built-in stage, plus template extras."""
     own = (PYTHON, "-m", "lingjun_slurm.stages", kind, "--plan", PLAN_VAR)
@@ -228,12 +240,15 @@ def settings(spec: Spec) -> dict[str, Any]:
 
 
 def build_plan(spec: Spec, *, run_id: str | None = None, spec_sha256: str = "", source: str = "spec.yaml",
-               reproduce: str = "") -> Plan:
+               reproduce: str = "", executor: str = "slurm") -> Plan:
+    """executor "local" renders for the local executor: no container flags, a local launcher."""
+    if executor not in EXECUTORS:
+        raise ValueError(f"unknown executor {executor!r}")
     run_id = run_id or spec.run.name
     logs = log_dir(spec)
     net = network_env(spec)
     user_env = [EnvVar(k, v, "set in the spec") for k, v in spec.env.items()]
-    pyxis = spec.container.runtime == "pyxis"
+    pyxis = spec.container.runtime == "pyxis" and executor == "slurm"
     if pyxis and net.mounts:
         # Profiles may need host files inside the container (e.g. Azure's NCCL topology file).
         have = {parse_mount(m).dst for m in spec.container.mounts}
@@ -244,10 +259,16 @@ def build_plan(spec: Spec, *, run_id: str | None = None, spec_sha256: str = "", 
     stages: list[StagePlan] = []
     last_builtin: str | None = None
     pending_before: list[Dependency] = []
+    command_names = {c.name for c in spec.stages.commands}
     for item in stage_order(spec):
         if isinstance(item, CommandStage):
             res = command_resources(spec, item)
-            anchor = item.after if item.after and item.after in active_builtins(spec) else last_builtin
+            if item.after and item.after in command_names:
+                anchor: str | None = item.after
+            elif item.after and item.after in active_builtins(spec):
+                anchor = item.after
+            else:
+                anchor = last_builtin
             deps = (Dependency(anchor, item.dependency),) if anchor else ()
             stage_net = net if res.gpus_per_node else None
             env = tuple(user_env)
@@ -255,7 +276,7 @@ def build_plan(spec: Spec, *, run_id: str | None = None, spec_sha256: str = "", 
             cmd: tuple[Word, ...] = ("bash", "-c", item.command)
             kind, name, vars_ = "command", item.name, {}
             cmds: tuple[tuple[Word, ...], ...] = (cmd,)
-            if item.before:
+            if item.before or any(d.stage == item.after for d in pending_before):
                 pending_before.append(Dependency(item.name, "afterok"))
         else:
             kind = name = item
@@ -273,10 +294,11 @@ def build_plan(spec: Spec, *, run_id: str | None = None, spec_sha256: str = "", 
             name=name, kind=kind, script=f"{name}.sbatch", job_name=job_name,
             sbatch=_sbatch(spec, job_name, res, logs, array=array, dependent=bool(deps), train=kind == "train"),
             depends_on=deps, resources=res, env=env, network=stage_net,
-            launcher=_launcher(spec, kind, env_names(env, stage_net, kind == "train"), use_container),
+            launcher=(_launcher(spec, kind, env_names(env, stage_net, kind == "train"), use_container)
+                      if executor == "slurm" else local_launcher(res, kind)),
             commands=cmds, container=use_container,
             array=array, vars=vars_,
         ))
     return Plan(run_id=run_id, name=spec.run.name, spec_sha256=spec_sha256, source=source, workdir=spec.run.workdir,
                 log_dir=logs, checkpoint_dir=checkpoint_dir(spec), stages=tuple(stages), settings=settings(spec),
-                reproduce=reproduce)
+                reproduce=reproduce, executor=executor)

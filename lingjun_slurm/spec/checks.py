@@ -142,7 +142,7 @@ def check_model(spec: Spec) -> list[Issue]:
     issues = [Issue(loc + (name,), "required (or choose model.preset)") for name in
               ("num_layers", "hidden_size", "num_attention_heads", "seq_length") if arch.get(name) is None]
     if issues:
-        return issues
+        return [] if spec.stages.train.skip else issues  # no training: no architecture needed
     par = spec.parallelism
     heads, groups = arch["num_attention_heads"], arch["num_query_groups"]
     if arch["hidden_size"] % heads:
@@ -309,6 +309,9 @@ def check_stages(spec: Spec) -> list[Issue]:
         seen.add(cmd.name)
         if (cmd.before is None) == (cmd.after is None):
             issues.append(Issue(loc, "give exactly one of before: or after: (a built-in stage name)"))
+        elif cmd.after is not None and cmd.after not in BUILTIN_STAGES and cmd.after not in seen - {cmd.name}:
+            issues.append(Issue(loc + ("after",), f"{cmd.after!r} is neither a built-in stage (preprocess, merge, "
+                                                  "train, checkpoint) nor an earlier command stage"))
     all_skipped = all(getattr(spec.stages, n).skip for n in BUILTIN_STAGES)
     if all_skipped and not spec.stages.commands:
         issues.append(Issue(("stages",), "every stage is skipped: nothing to run"))

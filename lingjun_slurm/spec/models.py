@@ -267,8 +267,9 @@ class CommandStage(Strict):
     before: Optional[Literal["preprocess", "merge", "train", "checkpoint"]] = Field(
         default=None, description="Place the stage just before this built-in stage."
     )
-    after: Optional[Literal["preprocess", "merge", "train", "checkpoint"]] = Field(
-        default=None, description="Place the stage just after this built-in stage."
+    after: Optional[Name] = Field(
+        default=None,
+        description="Place the stage just after this built-in stage, or after an earlier command stage (by name).",
     )
     dependency: Literal["afterok", "afterany", "afternotok"] = Field(
         default="afterok", description="How it depends on the stage before it."

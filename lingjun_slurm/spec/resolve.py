@@ -102,15 +102,30 @@ def active_builtins(spec: Spec) -> list[str]:
 def stage_order(spec: Spec) -> list[str | CommandStage]:
     """Built-in stage names and command stages in chain order.
 
-    A command stage sits just before/after its anchor; several at one spot keep their
-    order in the spec. Anchors that are skipped still fix the position.
+    A command stage sits just before/after its anchor (a built-in stage, or for `after:` an
+    earlier command stage); several at one spot keep their order in the spec. Anchors that
+    are skipped still fix the position.
     """
+    commands = spec.stages.commands
+    placed: set[str] = set()
+
+    def followers(anchor: str) -> list[str | CommandStage]:
+        out: list[str | CommandStage] = []
+        for cmd in commands:
+            if cmd.after == anchor and cmd.name not in placed:
+                placed.add(cmd.name)
+                out += [cmd, *followers(cmd.name)]
+        return out
+
     order: list[str | CommandStage] = []
     for name in BUILTIN_STAGES:
-        order += [c for c in spec.stages.commands if c.before == name]
+        for cmd in commands:
+            if cmd.before == name and cmd.name not in placed:
+                placed.add(cmd.name)
+                order += [cmd, *followers(cmd.name)]
         if not getattr(spec.stages, name).skip:
             order.append(name)
-        order += [c for c in spec.stages.commands if c.after == name]
+        order += followers(name)
     return order
 
 
