@@ -58,3 +58,40 @@ class UsageError(LingjunError):
     """The command line asked for something that cannot be done (bad profile name, ...)."""
 
     exit_code = EXIT_INVALID
+
+
+class CommandError(LingjunError):
+    """A command (sbatch, squeue, scancel, ...) failed; carries its argv, exit code and raw output."""
+
+    def __init__(self, argv: "list[str] | tuple[str, ...]", returncode: int, stdout: str = "", stderr: str = "",
+                 what: str | None = None, host: str = "localhost") -> None:
+        self.argv = tuple(argv)
+        self.returncode = returncode
+        self.stdout = stdout
+        self.stderr = stderr
+        self.what = what
+        self.host = host
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        import shlex
+
+        raw = (self.stderr.strip() or self.stdout.strip() or "(no output)").replace("\n", "\n    ")
+        head = self.what or f"{self.argv[0] if self.argv else 'command'} failed"
+        where = "" if self.host in ("localhost", "") else f" on {self.host}"
+        return (f"{head} (exit {self.returncode}){where}: {raw}\n"
+                f"  command: {shlex.join(self.argv)}")
+
+
+class TransportError(LingjunError):
+    """The transport itself failed (a file could not be read or written, a connection dropped)."""
+
+
+class SubmitError(LingjunError):
+    """A submission failed part-way; everything already queued was cancelled."""
+
+
+class RunNotFound(LingjunError):
+    """A RUN argument matched no run, or more than one."""
+
+    exit_code = EXIT_INVALID

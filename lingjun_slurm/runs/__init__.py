@@ -1,0 +1,1 @@
+"""Run records: each submission's directory, its manifest.json, and the user's index of runs."""

@@ -1,0 +1,144 @@
+"""The one interface every backend talks through (NeMo-Run's Tunnel, in spirit).
+
+A Transport runs commands and handles files on the host that talks to Slurm. The Slurm
+scheduler, run records, submit/status/logs/cancel and the local executor use nothing
+else, so an SSH transport only has to implement these methods.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Mapping, Optional, Sequence
+
+from ..errors import CommandError
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+    duration_s: float
+
+    def check(self, what: Optional[str] = None, host: str = "localhost") -> "CommandResult":
+        if self.returncode != 0:
+            raise CommandError(self.argv, self.returncode, self.stdout, self.stderr, what=what, host=host)
+        return self
+
+
+class Transport(abc.ABC):
+    """Commands and files on the submit host. Paths are POSIX strings on that host."""
+
+    kind: str = "abstract"
+
+    def __init__(self) -> None:
+        # Every command run through this transport, in order: tests and bench/submit count them.
+        self.history: list[tuple[str, ...]] = []
+
+    @property
+    @abc.abstractmethod
+    def host(self) -> str:
+        """The host commands run on, for messages and run records."""
+
+    # --- commands -------------------------------------------------------------------------
+    def run(self, argv: Sequence[str], *, cwd: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
+            input: Optional[str] = None, timeout: Optional[float] = 120.0, check: bool = False,
+            what: Optional[str] = None) -> CommandResult:
+        """Run argv (never through a shell). With check=True a non-zero exit raises CommandError."""
+        argv = tuple(str(a) for a in argv)
+        self.history.append(argv)
+        started = time.monotonic()
+        rc, out, err = self._run(argv, cwd=cwd, env=env, input=input, timeout=timeout)
+        result = CommandResult(argv, rc, out, err, time.monotonic() - started)
+        return result.check(what, self.host) if check else result
+
+    @abc.abstractmethod
+    def _run(self, argv: tuple[str, ...], *, cwd: Optional[str], env: Optional[Mapping[str, str]],
+             input: Optional[str], timeout: Optional[float]) -> tuple[int, str, str]:
+        """Run and return (exit code, stdout, stderr); a missing program is exit 127."""
+
+    @abc.abstractmethod
+    def which(self, program: str) -> Optional[str]:
+        """Absolute path of a program on the host's PATH, or None."""
+
+    # --- files ----------------------------------------------------------------------------
+    @abc.abstractmethod
+    def read_bytes(self, path: str) -> bytes:
+        """Raise FileNotFoundError when missing."""
+
+    def read_text(self, path: str) -> str:
+        return self.read_bytes(path).decode("utf-8", errors="replace")
+
+    @abc.abstractmethod
+    def exists(self, path: str) -> bool: ...
+
+    @abc.abstractmethod
+    def listdir(self, path: str) -> list[str]:
+        """Names in a directory; [] when it does not exist."""
+
+    @abc.abstractmethod
+    def mkdir(self, path: str, mode: int = 0o755) -> None:
+        """Create a directory and its parents; fine if it exists."""
+
+    @abc.abstractmethod
+    def write_atomic(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
+        """Write a temp file beside path, then rename it over path: readers never see half a file."""
+
+    def put(self, local: Path, remote: str, mode: Optional[int] = None) -> None:
+        """Copy a local file to the host (atomically)."""
+        self.write_atomic(remote, Path(local).read_bytes(), mode if mode is not None else Path(local).stat().st_mode & 0o777)
+
+    def get(self, remote: str, local: Path) -> None:
+        """Copy a file from the host to this machine."""
+        data = self.read_bytes(remote)
+        local = Path(local)
+        local.parent.mkdir(parents=True, exist_ok=True)
+        tmp = local.with_name(f".{local.name}.tmp")
+        tmp.write_bytes(data)
+        tmp.replace(local)
+
+    @abc.abstractmethod
+    def lock(self, path: str, timeout: float = 60.0) -> AbstractContextManager[None]:
+        """An exclusive lock held for the with-block (path is the lock file)."""
+
+    @abc.abstractmethod
+    def size(self, path: str) -> Optional[int]:
+        """Size in bytes, None when missing."""
+
+    @abc.abstractmethod
+    def read_range(self, path: str, offset: int, length: int) -> bytes:
+        """Up to length bytes from offset (b'' at the end or when missing)."""
+
+    def follow(self, path: str, *, offset: int = 0, poll_s: float = 0.5,
+               done: Optional[Callable[[], bool]] = None, chunk: int = 1 << 16) -> Iterator[bytes]:
+        """Stream a growing file (tail -f): yield new bytes as they appear.
+
+        Stops once done() returns True and everything written up to then has been read;
+        done is asked at most once per poll interval. Without done it never stops.
+        """
+        finished = False
+        while True:
+            data = self.read_range(path, offset, chunk)
+            if data:
+                offset += len(data)
+                yield data
+                continue
+            if finished:
+                return
+            time.sleep(poll_s)
+            if done is not None and done():
+                finished = True  # one last read picks up what was written before the end
+
+    def close(self) -> None:
+        """Release connections (nothing to do for the local transport)."""
+
+    def __enter__(self) -> "Transport":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
