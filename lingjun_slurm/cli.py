@@ -53,12 +53,14 @@ def validate(spec_file: Path) -> None:
     click.echo(f"{spec_file}: valid; stages: {names}")
 
 
-def _reproduce(spec_file: Path, outdir: Optional[Path], run_id: Optional[str]) -> str:
+def _reproduce(spec_file: Path, outdir: Optional[Path], run_id: Optional[str], executor: str = "slurm") -> str:
     argv = ["lingjun-slurm", "render", str(spec_file)]
     if outdir is not None:
         argv += ["-o", str(outdir)]
     if run_id:
         argv += ["--run-id", run_id]
+    if executor != "slurm":
+        argv += ["--executor", executor]
     return shlex.join(argv)
 
 
@@ -68,7 +70,10 @@ def _reproduce(spec_file: Path, outdir: Optional[Path], run_id: Optional[str]) -
               help="Directory for the scripts, plan.json and submit.sh (on shared storage if jobs read it).")
 @click.option("--stage", "stage_name", help="Print one stage's script to stdout instead of writing files.")
 @click.option("--run-id", help="Run id for job names (<run-id>-<stage>); default: run.name.")
-def render(spec_file: Path, outdir: Optional[Path], stage_name: Optional[str], run_id: Optional[str]) -> None:
+@click.option("--executor", type=click.Choice(["slurm", "local"]), default="slurm", show_default=True,
+              help="local: scripts for the local executor (no container, a local launcher instead of srun).")
+def render(spec_file: Path, outdir: Optional[Path], stage_name: Optional[str], run_id: Optional[str],
+           executor: str) -> None:
     """Write every stage's sbatch script, plan.json and submit.sh for people who run sbatch."""
     from .plan import build_plan
     from .render import render_plan, render_stage, write_files
@@ -81,7 +86,7 @@ def render(spec_file: Path, outdir: Optional[Path], stage_name: Optional[str], r
         raise UsageError("give -o DIR to write the scripts, or --stage NAME to print one")
     loaded = load_spec(spec_file)
     plan = build_plan(loaded.spec, run_id=run_id, spec_sha256=loaded.sha256, source=loaded.source,
-                      reproduce=_reproduce(spec_file, outdir, run_id))
+                      reproduce=_reproduce(spec_file, outdir, run_id, executor), executor=executor)
     if stage_name is not None:
         try:
             stage = plan.stage(stage_name)
@@ -158,6 +163,21 @@ def nccl_env(profile: Optional[str], instance_type: Optional[str], fmt: str, set
     for key in unsets:
         overrides[key] = None
     click.echo(network.render(network.resolve(prof, overrides), fmt), nl=False)
+
+
+def _register() -> None:
+    from .cli_runs import COMMANDS
+
+    for command in COMMANDS:
+        cli.add_command(command)
+    try:
+        from .cli_devcluster import dev_cluster
+    except ImportError:  # pragma: no cover - shipped together
+        return
+    cli.add_command(dev_cluster)
+
+
+_register()
 
 
 def _run(fn: Callable[..., Any], args: Optional[list[str]]) -> None:

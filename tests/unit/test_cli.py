@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -79,12 +80,14 @@ def test_schema_is_json_schema(capsys) -> None:
 
 
 def test_cli_never_imports_torch_or_megatron(tmp_path: Path) -> None:
-    """--help, validate and render in a fresh interpreter: neither torch nor megatron is loaded."""
+    """--help, validate, render, submit --dry-run, list and status in a fresh interpreter: neither torch
+    nor megatron is loaded."""
     code = f"""
 import sys
 from lingjun_slurm.cli import main
 for args in (["--help"], ["validate", {str(EXAMPLE)!r}], ["render", {str(EXAMPLE)!r}, "-o", {str(tmp_path)!r}],
-             ["nccl-env", "--profile", "lingjun"]):
+             ["nccl-env", "--profile", "lingjun"], ["submit", {str(EXAMPLE)!r}, "--executor", "slurm", "--dry-run"],
+             ["list"], ["status"]):
     try:
         main(args)
     except SystemExit as exc:
@@ -92,7 +95,8 @@ for args in (["--help"], ["validate", {str(EXAMPLE)!r}], ["render", {str(EXAMPLE
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "megatron", "numpy", "paramiko", "pyslurm"))
 print("HEAVY", heavy)
 """
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    env = {**os.environ, "LINGJUN_STATE_DIR": str(tmp_path / "state")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     assert "HEAVY []" in proc.stdout, proc.stdout
 
 
@@ -116,3 +120,21 @@ def test_stage_entry_contract(tmp_path: Path, capsys) -> None:
     proc = subprocess.run([sys.executable, "-m", "lingjun_slurm.stages", "train", "--plan", str(bad)],
                           capture_output=True, text=True)
     assert proc.returncode == 1 and "re-render" in proc.stderr
+
+
+def test_submit_rejects_hostile_run_ids_before_doing_anything(tmp_path: Path) -> None:
+    env = {**os.environ, "LINGJUN_STATE_DIR": str(tmp_path / "state")}
+    for bad in ("$(touch pwned)", "a b", "x;y", "../up", "-flag", "a\nb"):
+        proc = subprocess.run([sys.executable, "-m", "lingjun_slurm.cli", "submit", str(EXAMPLE), "--executor",
+                               "local", "--run-id", bad], capture_output=True, text=True, cwd=tmp_path, env=env)
+        assert proc.returncode == 2, (bad, proc.stderr)
+        assert "--run-id" in proc.stderr and "Traceback" not in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_run_commands_on_unknown_runs_exit_2(tmp_path: Path) -> None:
+    env = {**os.environ, "LINGJUN_STATE_DIR": str(tmp_path / "state")}
+    for args in (["status", "nope"], ["logs", "nope"], ["cancel", "nope"], ["resubmit", "nope", "--from", "x"]):
+        proc = subprocess.run([sys.executable, "-m", "lingjun_slurm.cli", *args], capture_output=True, text=True,
+                              env=env)
+        assert proc.returncode == 2 and "no run matches 'nope'" in proc.stderr, (args, proc.stderr)

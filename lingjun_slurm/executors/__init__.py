@@ -1,0 +1,1 @@
+"""Executors: Slurm (sbatch through a Transport) and local (the same scripts on this machine)."""

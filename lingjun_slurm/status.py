@@ -1,0 +1,265 @@
+"""status: where every stage of one or more runs is, and why (schema pinned by STATUS_SCHEMA).
+
+For Slurm runs one `squeue --json` call covers every job shown, plus one `sacct` call
+for the jobs that left the queue when the cluster has accounting. Jobs known to neither
+are resolved from the jobcomp/filetxt log when it is readable, then from the start/end
+markers the stage scripts write in <run_dir>/jobs/. Local runs read local-state.json.
+
+    {"schema": 1, "runs": [{"run_id", "name", "executor", "host", "stages": [{"name",
+      "job_ids", "state", "reason", "exit_code", "elapsed_s", "nodes", "restarts"}]}]}
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+from .runs.manifest import Manifest, StageRecord
+from .slurm.client import SlurmCLI
+from .slurm.parse import JobInfo, parse_jobcomp_filetxt
+from .transport.base import Transport
+
+STATUS_SCHEMA = 1
+ACTIVE = ("PENDING", "RUNNING", "REQUEUED", "SUSPENDED", "CONFIGURING", "COMPLETING", "RESIZING", "SIGNALING",
+          "STAGE_OUT", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "STOPPED")
+FAILED = ("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED", "CANCELLED")
+
+
+@dataclass
+class StageStatus:
+    name: str
+    job_ids: list[str]
+    state: str
+    reason: Optional[str]
+    exit_code: Optional[int]
+    elapsed_s: Optional[int]
+    nodes: Optional[str]
+    restarts: int
+
+
+@dataclass
+class RunStatus:
+    run_id: str
+    name: str
+    executor: str
+    host: str
+    stages: list[StageStatus] = field(default_factory=list)
+    run_dir: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "name": self.name, "executor": self.executor, "host": self.host,
+                "stages": [asdict(s) for s in self.stages]}
+
+
+def document(runs: list[RunStatus]) -> dict[str, Any]:
+    return {"schema": STATUS_SCHEMA, "runs": [r.to_json() for r in runs]}
+
+
+def _belongs(info: JobInfo, job_id: str) -> bool:
+    return info.job_id == job_id or info.array_job_id == job_id
+
+
+def _marker(t: Transport, run_dir: str, key: str) -> Optional[JobInfo]:
+    """<run_dir>/jobs/<key>: lines "start EPOCH RESTARTS NODES" / "end EPOCH RC" (last attempt wins)."""
+    try:
+        lines = t.read_text(f"{run_dir}/jobs/{key}").splitlines()
+    except (FileNotFoundError, OSError):
+        return None
+    start = end = None
+    rc = None
+    restarts = 0
+    nodes = None
+    for line in lines:
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] == "start":
+            start, end, rc = float(parts[1]), None, None
+            restarts = int(parts[2]) if len(parts) > 2 and parts[2].isdigit() else restarts
+            nodes = parts[3] if len(parts) > 3 else nodes
+        elif len(parts) >= 3 and parts[0] == "end" and parts[2].lstrip("-").isdigit():
+            end, rc = float(parts[1]), int(parts[2])
+    if start is None:
+        return None
+    job_id, _, task = key.partition("_")
+    if end is None:
+        state, reason = "UNKNOWN", "left the queue without an end marker (killed, or node lost?)"
+    else:
+        state, reason = ("COMPLETED", None) if rc == 0 else ("FAILED", "NonZeroExitCode")
+    return JobInfo(job_id=key, array_job_id=job_id if task else None, array_task_id=int(task) if task else None,
+                   array_tasks_pending=None, name="", state=state, flags=(), reason=reason, exit_code=rc, signal=None,
+                   start=start, end=end, elapsed_s=int(end - start) if end is not None else None, nodes=nodes,
+                   restarts=restarts, source="marker")
+
+
+def aggregate(infos: list[JobInfo], now: float) -> tuple[str, Optional[str], Optional[int], Optional[int],
+                                                         Optional[str], int]:
+    """One stage from its job records (array tasks included): state, reason, exit, elapsed, nodes, restarts."""
+    if not infos:
+        return "UNKNOWN", "no record of the job (purged from squeue, no accounting or marker)", None, None, None, 0
+    states = [i.state for i in infos]
+    if "RUNNING" in states or ("PENDING" in states and "COMPLETED" in states):
+        state = "RUNNING"
+    elif any(s in ACTIVE for s in states):
+        state = next(s for s in states if s in ACTIVE)
+    elif all(s == "COMPLETED" for s in states):
+        state = "COMPLETED"
+    else:
+        state = next((s for s in FAILED if s in states), next(s for s in states if s != "COMPLETED"))
+    lead = next((i for i in infos if i.state == state), infos[0])
+    reason = lead.reason
+    codes = [i.exit_code for i in infos if i.exit_code is not None]
+    exit_code = next((c for c in codes if c != 0), codes[0] if codes else None)
+    if state in ACTIVE and state != "COMPLETING":
+        exit_code = None
+    elapsed = []
+    for i in infos:
+        if i.elapsed_s is not None and i.state not in ("RUNNING",):
+            elapsed.append(i.elapsed_s)
+        elif i.start:
+            elapsed.append(int((i.end or now) - i.start))
+    nodes = sorted({i.nodes for i in infos if i.nodes})
+    restarts = max((i.restarts for i in infos), default=0)
+    return state, reason, exit_code, (max(elapsed) if elapsed else None), (",".join(nodes) or None), restarts
+
+
+def _explain_dependencies(run: RunStatus, manifest: Manifest) -> None:
+    """A stage cancelled or stuck because an upstream failed gets the upstream in its reason."""
+    by_name = {s.name: s for s in run.stages}
+    for rec in manifest.stages:
+        st = by_name[rec.name]
+        upstream_bad = [f"{d.stage} {by_name[d.stage].state}" for d in rec.depends_on
+                        if d.stage in by_name and d.type == "afterok" and by_name[d.stage].state in FAILED]
+        stuck = st.state == "PENDING" and (st.reason or "").startswith("DependencyNeverSatisfied")
+        orphan = st.state == "CANCELLED" and (upstream_bad or "Dependency" in (st.reason or ""))
+        if upstream_bad and (stuck or orphan or st.state in ("CANCELLED", "PENDING", "UNKNOWN")):
+            st.reason = f"DependencyNeverSatisfied ({', '.join(upstream_bad)})"
+            if st.state == "UNKNOWN":
+                st.state = "CANCELLED"
+
+
+class StatusCollector:
+    """Status of several runs with a bounded number of Slurm calls per transport."""
+
+    def __init__(self, transport: Transport) -> None:
+        self.t = transport
+        self.sched = SlurmCLI(transport)
+
+    def collect(self, manifests: list[Manifest]) -> list[RunStatus]:
+        now = time.time()
+        slurm_runs = [m for m in manifests if m.executor == "slurm"]
+        records: list[JobInfo] = []
+        if any(st.job_ids for m in slurm_runs for st in m.stages):
+            records = self._records(slurm_runs)
+        out = []
+        for m in manifests:
+            if m.executor == "local":
+                out.append(local_status(m))
+                continue
+            run = RunStatus(m.run_id, m.name, m.executor, m.transport.host, run_dir=m.run_dir)
+            for rec in m.stages:
+                infos = [i for i in records if any(_belongs(i, j) for j in rec.job_ids)]
+                infos = _dedupe(infos)
+                if not rec.job_ids:
+                    state, reason = ("NOT_SUBMITTED", "submission failed" if m.state == "failed" else None)
+                    run.stages.append(StageStatus(rec.name, [], state, reason, None, None, None, 0))
+                    continue
+                if not infos or any(i.state == "UNKNOWN" for i in infos):
+                    infos = self._markers(m, rec, infos)
+                state, reason, code, elapsed, nodes, restarts = aggregate(infos, now)
+                run.stages.append(StageStatus(rec.name, list(rec.job_ids), state, reason, code, elapsed, nodes,
+                                              restarts))
+            _explain_dependencies(run, m)
+            out.append(run)
+        return out
+
+    def _records(self, runs: list[Manifest]) -> list[JobInfo]:
+        wanted = {j for m in runs for st in m.stages for j in st.job_ids}
+        queue = [i for i in self.sched.queue() if (i.array_job_id or i.job_id.split("_")[0]) in wanted]
+        live_ids = {i.array_job_id or i.job_id for i in queue}
+        gone = wanted - live_ids
+        # A finished array keeps some tasks in squeue while others aged out: ask sacct for those too.
+        finished_arrays = {i.array_job_id for i in queue if i.array_job_id and i.state not in ACTIVE}
+        ask = gone | finished_arrays
+        extra: list[JobInfo] = []
+        if ask and any(m.cluster.accounting for m in runs):
+            acct = self.sched.accounting(sorted(ask))
+            if acct is not None:
+                extra = [i for i in acct if (i.array_job_id or i.job_id) in ask]
+        known = {i.array_job_id or i.job_id for i in extra}
+        still = gone - known
+        if still:
+            for m in runs:
+                if m.cluster.jobcomp_type == "filetxt" and m.cluster.jobcomp_loc:
+                    try:
+                        text = self.t.read_text(m.cluster.jobcomp_loc)
+                    except (FileNotFoundError, OSError):
+                        continue
+                    extra += [i for i in parse_jobcomp_filetxt(text) if (i.array_job_id or i.job_id) in still]
+                    break
+        return queue + extra
+
+    def _markers(self, m: Manifest, rec: StageRecord, infos: list[JobInfo]) -> list[JobInfo]:
+        job_id = rec.job_ids[0]
+        keys = [k for k in self.t.listdir(f"{m.run_dir}/jobs") if k == job_id or k.startswith(f"{job_id}_")]
+        found = [x for x in (_marker(self.t, m.run_dir, k) for k in keys) if x is not None]
+        return found or infos
+
+
+def _dedupe(infos: list[JobInfo]) -> list[JobInfo]:
+    """squeue beats sacct beats jobcomp for the same job id; pending array records stay."""
+    rank = {"squeue": 0, "sacct": 1, "jobcomp": 2, "marker": 3}
+    best: dict[str, JobInfo] = {}
+    for i in infos:
+        cur = best.get(i.job_id)
+        if cur is None or rank.get(i.source, 9) < rank.get(cur.source, 9):
+            best[i.job_id] = i
+    return list(best.values())
+
+
+def local_status(m: Manifest) -> RunStatus:
+    from .executors.local import pid_alive, read_state
+
+    run = RunStatus(m.run_id, m.name, m.executor, m.transport.host, run_dir=m.run_dir)
+    state = read_state(m.run_dir)
+    import socket
+
+    # Process ids only mean something on the host that ran the chain; elsewhere trust the record.
+    elsewhere = state is not None and state.host != socket.gethostname()
+    runner_alive = state is not None and (elsewhere or pid_alive(state.runner_pid, "lingjun"))
+    now = time.time()
+    for rec in m.stages:
+        tasks = [t for t in (state.tasks if state else []) if t.stage == rec.name]
+        infos = []
+        for t in tasks:
+            st_name, reason = t.state, t.reason
+            if st_name in ("RUNNING", "PENDING") and not runner_alive:
+                st_name, reason = "CANCELLED", "the local runner is gone (killed?)"
+            infos.append(JobInfo(job_id=t.key, array_job_id=t.job_id if t.task is not None else None,
+                                 array_task_id=t.task, array_tasks_pending=None, name=rec.job_name, state=st_name,
+                                 flags=(), reason=reason, exit_code=t.exit_code, signal=None, start=t.start,
+                                 end=t.end, elapsed_s=int(t.end - t.start) if t.end and t.start else None,
+                                 nodes=state.host if (state and t.start) else None, restarts=0, source="local"))
+        if not infos:
+            run.stages.append(StageStatus(rec.name, list(rec.job_ids), "PENDING", "not started", None, None, None, 0))
+            continue
+        s, reason, code, elapsed, nodes, restarts = aggregate(infos, now)
+        run.stages.append(StageStatus(rec.name, list(rec.job_ids), s, reason, code, elapsed, nodes, restarts))
+    _explain_dependencies(run, m)
+    return run
+
+
+def format_table(runs: list[RunStatus]) -> str:
+    from .timefmt import format_time
+
+    lines = []
+    for run in runs:
+        lines.append(f"run {run.run_id}  ({run.executor} on {run.host})")
+        lines.append(f"  {'STAGE':<16} {'JOB':<12} {'STATE':<12} {'ELAPSED':>10} {'EXIT':>4} {'RESTARTS':>8}  "
+                     f"{'NODES':<14} REASON")
+        for s in run.stages:
+            elapsed = format_time(s.elapsed_s) if s.elapsed_s is not None else "-"
+            code = "-" if s.exit_code is None else str(s.exit_code)
+            lines.append(f"  {s.name:<16} {','.join(s.job_ids) or '-':<12} {s.state:<12} {elapsed:>10} {code:>4} "
+                         f"{s.restarts:>8}  {s.nodes or '-':<14} {s.reason or ''}".rstrip())
+        lines.append("")
+    return "\n".join(lines).rstrip("\n") + "\n" if lines else "no runs\n"

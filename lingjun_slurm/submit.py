@@ -1,0 +1,272 @@
+"""submit and resubmit: render the chain, write the run record, queue the jobs all-or-nothing.
+
+Slurm: every stage is submitted held (`sbatch --parsable --hold`) with afterok (or the
+spec's) dependencies on the job ids before it; only when the last sbatch succeeded are
+they released, in one `scontrol release`. If any sbatch fails, every job already queued
+is cancelled, the manifest says "failed" and SubmitError (exit 1) carries Slurm's error.
+No stage of a failed submission ever starts.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shlex
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from . import __version__
+from .errors import CommandError, LingjunError, SubmitError, TransportError, UsageError
+from .plan import Plan, StagePlan, build_plan
+from .render import render_plan
+from .runs.index import RunIndex, entry_for
+from .runs.manifest import (Attempt, ClusterRecord, DependencyRecord, Manifest, SpecRecord, StageRecord, TransportRecord,
+                            current_user, load_manifest, locked_manifest, save_manifest)
+from .slurm.client import SlurmCLI
+from .spec.load import LoadedSpec, parse_spec
+from .transport.base import Transport
+
+Echo = Callable[[str], None]
+
+
+def new_run_id(name: str, now: Optional[float] = None) -> str:
+    """<name>-<YYYYmmdd>-<HHMMSS>-<4 hex>: unique, sortable, and valid as a Slurm job name prefix."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now if now is not None else time.time()))
+    return f"{name[:40].rstrip('.-_') or 'run'}-{stamp}-{secrets.token_hex(2)}"
+
+
+def run_dir_for(workdir: str, run_id: str) -> str:
+    return f"{workdir.rstrip('/')}/runs/{run_id}"
+
+
+def reproduce_command(run_dir: str, run_id: str, executor: str) -> str:
+    argv = ["lingjun-slurm", "render", f"{run_dir}/spec.yaml", "-o", run_dir, "--run-id", run_id]
+    if executor != "slurm":
+        argv += ["--executor", executor]
+    return shlex.join(argv)
+
+
+@dataclass
+class Prepared:
+    loaded: LoadedSpec
+    plan: Plan
+    files: dict[str, str]
+    run_dir: str
+
+
+def prepare(loaded: LoadedSpec, *, run_id: str, executor: str) -> Prepared:
+    run_dir = run_dir_for(loaded.spec.run.workdir, run_id)
+    plan = build_plan(loaded.spec, run_id=run_id, spec_sha256=loaded.sha256, source=loaded.source,
+                      reproduce=reproduce_command(run_dir, run_id, executor), executor=executor)
+    return Prepared(loaded, plan, render_plan(plan), run_dir)
+
+
+def dependency_string(stage: StagePlan, job_ids: dict[str, list[str]]) -> Optional[str]:
+    """sbatch --dependency for a stage: afterok:1:2,afterany:3 (upstreams without a job are left out)."""
+    parts = []
+    for dep in stage.depends_on:
+        ids = job_ids.get(dep.stage) or []
+        if ids:
+            parts.append(":".join([dep.type, *ids]))
+    return ",".join(parts) or None
+
+
+def dry_run_lines(prep: Prepared) -> list[str]:
+    plan = prep.plan
+    lines = [f"would submit run {plan.run_id} ({len(plan.stages)} stages, executor {plan.executor}) "
+             f"from {prep.run_dir}/:"]
+    placeholder = {st.name: [f"<{st.name}>"] for st in plan.stages}
+    for st in plan.stages:
+        dep = dependency_string(st, placeholder)
+        argv = ["sbatch", "--parsable", "--hold"] + ([f"--dependency={dep}"] if dep else []) + [st.script]
+        res = st.resources
+        shape = f"{res.nodes}x{res.tasks_per_node} tasks" + (f", {res.gpus_per_node} GPU/node" if res.gpus_per_node else "")
+        lines.append(f"  {st.name:<16} {' '.join(argv)}   # {shape}{', array ' + st.array if st.array else ''}")
+    lines.append("  then: scontrol release <every job id>")
+    return lines
+
+
+def write_run_dir(t: Transport, prep: Prepared) -> None:
+    t.mkdir(prep.run_dir)
+    t.mkdir(prep.plan.log_dir)
+    for name, text in prep.files.items():
+        t.write_atomic(f"{prep.run_dir}/{name}", text, 0o755 if name.endswith((".sh", ".sbatch")) else 0o644)
+    t.write_atomic(f"{prep.run_dir}/spec.yaml", prep.loaded.text)
+    t.write_atomic(f"{prep.run_dir}/spec.sha256", f"{prep.loaded.sha256}  spec.yaml\n")
+
+
+def stage_record(st: StagePlan) -> StageRecord:
+    return StageRecord(name=st.name, kind=st.kind, script=st.script, job_name=st.job_name, array=st.array,
+                       depends_on=[DependencyRecord(stage=d.stage, type=d.type) for d in st.depends_on],
+                       nodes=st.resources.nodes, ntasks=st.resources.nodes * st.resources.tasks_per_node)
+
+
+def new_manifest(t: Transport, prep: Prepared, executor: str, cluster: ClusterRecord) -> Manifest:
+    now = round(time.time(), 3)
+    return Manifest(
+        run_id=prep.plan.run_id, name=prep.plan.name, created_at=now, updated_at=now, tool_version=__version__,
+        user=current_user(), executor=executor, transport=TransportRecord(kind=t.kind, host=t.host), cluster=cluster,
+        spec=SpecRecord(source=os.path.abspath(prep.loaded.source) if t.kind == "local" else prep.loaded.source,
+                        sha256=prep.loaded.sha256),
+        run_dir=prep.run_dir, log_dir=prep.plan.log_dir, stages=[stage_record(st) for st in prep.plan.stages])
+
+
+def submit_stages(sched: SlurmCLI, manifest: Manifest, stages: list[StagePlan], known: dict[str, list[str]],
+                  echo: Echo) -> list[str]:
+    """Submit stages held, in order; on any failure cancel what this call queued and raise."""
+    submitted: list[str] = []
+    job_ids = dict(known)
+    current = ""
+    try:
+        for st in stages:
+            current = st.name
+            dep = dependency_string(st, job_ids)
+            job_id = sched.submit(st.script, cwd=manifest.run_dir, hold=True, dependency=dep)
+            submitted.append(job_id)
+            job_ids[st.name] = [job_id]
+            rec = manifest.stage(st.name)
+            rec.job_ids = [job_id]
+            rec.submitted_at = round(time.time(), 3)
+            rec.depends_on = [DependencyRecord(stage=d.stage, type=d.type, job_ids=job_ids.get(d.stage, []))
+                              for d in st.depends_on]
+        current = "release"
+        save_manifest(sched.t, manifest)
+        sched.release(submitted)
+    except (CommandError, TransportError, KeyboardInterrupt) as exc:
+        rollback_note = _rollback(sched, submitted)
+        manifest.state = "failed"
+        manifest.event("submit-failed", stage=current, error=str(exc), cancelled=submitted)
+        try:
+            save_manifest(sched.t, manifest)
+        except LingjunError:
+            pass
+        if isinstance(exc, KeyboardInterrupt):
+            echo(f"interrupted: {rollback_note}")
+            raise
+        where = "releasing the held jobs" if current == "release" else f"stage {current}"
+        raise SubmitError(f"submission of run {manifest.run_id} failed at {where}: {exc}\n{rollback_note}") from None
+    return submitted
+
+
+def _rollback(sched: SlurmCLI, submitted: list[str]) -> str:
+    if not submitted:
+        return "nothing had been queued."
+    try:
+        sched.cancel(submitted)
+    except CommandError as exc:
+        return f"could NOT cancel the held jobs {', '.join(submitted)}: {exc}; cancel them with scancel"
+    return f"cancelled the {len(submitted)} held job(s) already queued ({', '.join(submitted)}); none of them ran."
+
+
+def submit_slurm(t: Transport, prep: Prepared, index: RunIndex, echo: Echo) -> Manifest:
+    sched = SlurmCLI(t)
+    info = sched.cluster_info()
+    cluster = ClusterRecord(name=info.name, slurm_version=info.slurm_version, accounting=info.accounting,
+                            jobcomp_type=info.jobcomp_type, jobcomp_loc=info.jobcomp_loc)
+    write_run_dir(t, prep)
+    manifest = new_manifest(t, prep, "slurm", cluster)
+    save_manifest(t, manifest)
+    index.add(entry_for(manifest.run_id, manifest.name, manifest.created_at, "slurm", t.kind, t.host,
+                        manifest.run_dir, manifest.spec.source))
+    submit_stages(sched, manifest, list(prep.plan.stages), {}, echo)
+    manifest.state = "submitted"
+    manifest.event("submit", stages=manifest.stage_names())
+    save_manifest(t, manifest)
+    return manifest
+
+
+def prepare_local(t: Transport, prep: Prepared, index: RunIndex) -> Manifest:
+    """Write the run record of a local run; job ids are 1..N in chain order."""
+    write_run_dir(t, prep)
+    manifest = new_manifest(t, prep, "local", ClusterRecord(name="local"))
+    for i, rec in enumerate(manifest.stages, start=1):
+        rec.job_ids = [str(i)]
+        rec.submitted_at = manifest.created_at
+    by_name = {rec.name: rec.job_ids for rec in manifest.stages}
+    for rec in manifest.stages:
+        for dep in rec.depends_on:
+            dep.job_ids = list(by_name.get(dep.stage, []))
+    manifest.state = "submitted"
+    manifest.event("submit", stages=manifest.stage_names())
+    save_manifest(t, manifest)
+    index.add(entry_for(manifest.run_id, manifest.name, manifest.created_at, "local", t.kind, t.host,
+                        manifest.run_dir, manifest.spec.source))
+    return manifest
+
+
+def stages_from(manifest: Manifest, stage: str) -> list[str]:
+    names = manifest.stage_names()
+    if stage not in names:
+        raise UsageError(f"run {manifest.run_id} has no stage {stage!r}; stages: {', '.join(names)}")
+    return names[names.index(stage):]
+
+
+def resubmit_slurm(t: Transport, run_dir: str, stage: str, upstream_state: Callable[[str], Optional[str]],
+                   echo: Echo) -> Manifest:
+    """Re-render from the run's own spec.yaml and resubmit STAGE and every stage after it, same run id.
+
+    upstream_state(stage) gives the current state of a stage outside the resubmitted set:
+    a COMPLETED one is no longer a dependency; a pending or running one stays one; a
+    failed one refuses the resubmit (resubmit --from that stage instead).
+    """
+    manifest = load_manifest(t, run_dir)
+    if manifest.executor != "slurm":
+        raise UsageError(f"run {manifest.run_id} ran with the {manifest.executor} executor; resubmit it with "
+                         f"`lingjun-slurm resubmit {manifest.run_id} --from {stage}` on the same executor")
+    names = stages_from(manifest, stage)
+    loaded = parse_spec(t.read_text(f"{run_dir}/spec.yaml"), f"{run_dir}/spec.yaml")
+    prep = prepare(loaded, run_id=manifest.run_id, executor="slurm")
+    if [st.name for st in prep.plan.stages] != manifest.stage_names():
+        raise SubmitError(f"{run_dir}/spec.yaml no longer renders the stages {manifest.stage_names()}")
+    known: dict[str, list[str]] = {}
+    for rec in manifest.stages:
+        if rec.name in names:
+            continue
+        state = upstream_state(rec.name)
+        if state in ("PENDING", "RUNNING", "REQUEUED", "SUSPENDED", "CONFIGURING", "COMPLETING"):
+            known[rec.name] = rec.job_ids
+        elif state != "COMPLETED" and any(d.stage == rec.name for n in names for d in manifest.stage(n).depends_on):
+            raise UsageError(f"stage {rec.name} of run {manifest.run_id} is {state or 'UNKNOWN'}, and {stage} "
+                             f"depends on it: use `resubmit {manifest.run_id} --from {rec.name}`")
+    sched = SlurmCLI(t)
+    old = [j for n in names for j in manifest.stage(n).job_ids]
+    sched.cancel(old)  # one scancel; jobs that already ended are not an error
+    write_run_dir(t, prep)
+    with locked_manifest(t, run_dir) as manifest:
+        now = round(time.time(), 3)
+        for n in names:
+            rec = manifest.stage(n)
+            if rec.job_ids:
+                rec.previous.append(Attempt(job_ids=rec.job_ids, submitted_at=rec.submitted_at or now,
+                                            replaced_at=now, reason=f"resubmit --from {stage}"))
+            rec.job_ids = []
+        submit_stages(sched, manifest, [st for st in prep.plan.stages if st.name in names], known, echo)
+        manifest.state = "submitted"
+        manifest.event("resubmit", from_stage=stage, stages=names, cancelled=old)
+    return manifest
+
+
+def resubmit_local(t: Transport, run_dir: str, stage: str) -> Manifest:
+    """Local runs: re-render, give the stages from STAGE on new job ids; the caller runs them."""
+    manifest = load_manifest(t, run_dir)
+    names = stages_from(manifest, stage)
+    loaded = parse_spec(t.read_text(f"{run_dir}/spec.yaml"), f"{run_dir}/spec.yaml")
+    prep = prepare(loaded, run_id=manifest.run_id, executor="local")
+    write_run_dir(t, prep)
+    with locked_manifest(t, run_dir) as manifest:
+        now = round(time.time(), 3)
+        next_id = 1 + max(int(j) for rec in manifest.stages for j in [*rec.job_ids, *(
+            x for a in rec.previous for x in a.job_ids)] if j.isdigit())
+        for n in names:
+            rec = manifest.stage(n)
+            rec.previous.append(Attempt(job_ids=rec.job_ids, submitted_at=rec.submitted_at or now, replaced_at=now,
+                                        reason=f"resubmit --from {stage}"))
+            rec.job_ids, rec.submitted_at = [str(next_id)], now
+            next_id += 1
+        ids = {rec.name: rec.job_ids for rec in manifest.stages}
+        for rec in manifest.stages:
+            for dep in rec.depends_on:
+                dep.job_ids = list(ids.get(dep.stage, []))
+        manifest.event("resubmit", from_stage=stage, stages=names)
+    return manifest
