@@ -13,6 +13,8 @@ from lingjun_slurm.plan import build_plan
 from lingjun_slurm.render import render_plan
 from lingjun_slurm.spec import load_spec
 
+from tests.cluster.fixtures import slurm_cluster  # noqa: F401  (session-scoped real Slurm)
+
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "tests" / "golden"
 

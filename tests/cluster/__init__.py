@@ -1,0 +1,1 @@
+"""Tests against a real single-host Slurm cluster (lingjun_slurm.devcluster)."""

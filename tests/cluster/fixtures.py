@@ -1,0 +1,105 @@
+"""The session-wide real Slurm cluster for tests: `slurm_cluster` (import it in tests/conftest.py).
+
+4 nodes (node1..node4), partitions cpu (default) and gpu, 2 fake GPUs per node, accounting on
+(sacct works), from an empty root /tmp/lingjun-test-cluster-<pid>, on ports from 16900 up (so a
+user's `dev-cluster up`, on 6817.., is left alone). Skipped where Slurm, MariaDB or root is
+missing, except under CI (CI set), where that is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Iterator, Mapping, NoReturn
+
+import pytest
+
+from lingjun_slurm.devcluster import DevCluster, DevClusterConfig, DevClusterError
+
+TEST_BASE_PORT = 16900
+NODES = 4
+GPUS_PER_NODE = 2
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
+            "DEADLINE", "PREEMPTED"}
+
+
+def unavailable(reason: str) -> NoReturn:
+    """Skip locally, fail in CI: there the cluster must run."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (required in CI)")
+    pytest.skip(reason)
+
+
+def _have(prog: str) -> bool:
+    return bool(shutil.which(prog) or shutil.which(prog, path="/usr/sbin:/sbin:/usr/bin:/bin"))
+
+
+def require_slurm(accounting: bool = False) -> None:
+    """Skip (fail in CI) unless a dev cluster can start here."""
+    missing = [p for p in ("slurmctld", "slurmd", "munged", "sbatch") if not _have(p)]
+    if missing:
+        unavailable(f"Slurm is not installed (missing {', '.join(missing)}; "
+                    "apt-get install slurmctld slurmd slurm-client munge)")
+    if accounting:
+        missing = [p for p in ("slurmdbd", "mariadbd", "mariadb-install-db") if not _have(p)]
+        if missing:
+            unavailable(f"accounting needs {', '.join(missing)} (apt-get install slurmdbd mariadb-server)")
+    if os.geteuid() != 0:
+        unavailable("the dev cluster needs root (SlurmUser=root)")
+
+
+def free_cluster(root: Path, first_port: int, **kw: object) -> DevCluster:
+    """A DevCluster on the first base port from first_port (steps of 20) whose ports are all free."""
+    for base in range(first_port, first_port + 20 * 10, 20):
+        cluster = DevCluster(DevClusterConfig(root=root, base_port=base, **kw))  # type: ignore[arg-type]
+        if not cluster.ports_in_use():
+            return cluster
+    pytest.fail(f"no free ports for a test cluster in {first_port}..{first_port + 200}")
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[DevCluster]:
+    """A running 4-node cluster with accounting; use `.env` for sbatch/squeue/sacct/scontrol."""
+    require_slurm(accounting=True)
+    root = Path(f"/tmp/lingjun-test-cluster-{os.getpid()}")
+    cluster = free_cluster(root, TEST_BASE_PORT, nodes=NODES, cpus_per_node=2, gpus_per_node=GPUS_PER_NODE,
+                           accounting=True, cluster_name="lingjun-test")
+    try:
+        cluster.up(timeout=90)
+    except DevClusterError as exc:
+        pytest.fail(f"test Slurm cluster did not start:\n{exc}")
+    try:
+        yield cluster
+    finally:
+        cluster.down()
+        if not os.environ.get("LINGJUN_KEEP_TEST_CLUSTER"):
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def slurm(env: Mapping[str, str], *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run a Slurm client command against the cluster whose env is given."""
+    proc = subprocess.run(list(argv), capture_output=True, text=True, env=dict(os.environ, **env), timeout=30)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(argv)} -> rc {proc.returncode}: {proc.stderr.strip()}")
+    return proc
+
+
+def submit(env: Mapping[str, str], *args: str) -> str:
+    """sbatch --parsable ARGS; the job id."""
+    return slurm(env, "sbatch", "--parsable", *args).stdout.strip().split(";")[0]
+
+
+def wait_job(env: Mapping[str, str], job_id: str, timeout: float = 30) -> str:
+    """Poll until the job reaches a terminal state; return it (COMPLETED, FAILED, ...)."""
+    end = time.monotonic() + timeout
+    state = ""
+    while time.monotonic() < end:
+        out = slurm(env, "scontrol", "show", "job", "-o", job_id, check=False).stdout
+        state = next((f.split("=", 1)[1] for f in out.split() if f.startswith("JobState=")), "")
+        if state in TERMINAL:
+            return state
+        time.sleep(0.1)
+    raise AssertionError(f"job {job_id} still {state or 'unknown'} after {timeout} s")

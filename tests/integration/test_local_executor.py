@@ -1,0 +1,130 @@
+"""The local executor: the same rendered chain on this machine, no Slurm (the embedded default)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from .helpers import all_ended, chain_spec, cli, status, submitted_run_id, wait_for
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    # No SLURM_CONF and a PATH without sbatch is not needed: --executor local is explicit.
+    return {"LINGJUN_STATE_DIR": str(tmp_path / "state")}
+
+
+def stamp(tag: str, out: Path) -> str:
+    return f'echo "{tag} start $(date +%s.%N)" >> {out}; sleep 0.2; echo "{tag} end $(date +%s.%N)" >> {out}'
+
+
+def times(out: Path) -> dict[str, dict[str, float]]:
+    result: dict[str, dict[str, float]] = {}
+    for line in out.read_text().splitlines():
+        tag, what, when = line.split()
+        result.setdefault(tag, {})[what] = float(when)
+    return result
+
+
+def test_chain_runs_in_dependency_order(tmp_path: Path, env: dict[str, str]) -> None:
+    out = tmp_path / "order.txt"
+    spec = chain_spec(tmp_path / "s.yaml", tmp_path / "work",
+                      [{"name": n, "command": stamp(n, out)} for n in ("a", "b", "c", "d")])
+    proc = cli("submit", str(spec), "--executor", "local", env=env)
+    run_id = submitted_run_id(proc.stdout)
+    t = times(out)
+    for up, down in (("a", "b"), ("b", "c"), ("c", "d")):
+        assert t[down]["start"] >= t[up]["end"], (up, down, t)
+    stages = status(run_id, env)
+    assert [s["state"] for s in stages.values()] == ["COMPLETED"] * 4
+    assert all(s["exit_code"] == 0 and s["job_ids"] for s in stages.values())
+    # The same run record and log layout as Slurm runs: %x-%j.out in <workdir>/logs.
+    manifest = json.loads((tmp_path / "work" / "runs" / run_id / "manifest.json").read_text())
+    assert manifest["schema"] == 1 and manifest["executor"] == "local"
+    job_a = manifest["stages"][0]["job_ids"][0]
+    assert (tmp_path / "work" / "logs" / f"{run_id}-a-{job_a}.out").is_file()
+    assert "a start" not in cli("logs", run_id, "a", env=env).stdout  # the log has the script's own lines
+    assert "stage a of run" in cli("logs", run_id, "a", env=env).stdout
+    listed = cli("list", "--json", env=env).stdout
+    assert run_id in listed
+
+
+def test_failing_stage_stops_its_dependents(tmp_path: Path, env: dict[str, str]) -> None:
+    marker = tmp_path / "c-ran"
+    spec = chain_spec(tmp_path / "s.yaml", tmp_path / "work", [
+        {"name": "a", "command": "true"},
+        {"name": "b", "command": "echo failing; exit 7"},
+        {"name": "c", "command": f"touch {marker}"},
+    ])
+    proc = cli("submit", str(spec), "--executor", "local", env=env, check=1)
+    assert "did not complete" in proc.stderr
+    run_id = submitted_run_id(proc.stdout)
+    stages = status(run_id, env)
+    assert stages["a"]["state"] == "COMPLETED"
+    assert stages["b"]["state"] == "FAILED" and stages["b"]["exit_code"] == 7
+    assert stages["c"]["state"] == "CANCELLED"
+    assert stages["c"]["reason"].startswith("DependencyNeverSatisfied") and "b FAILED" in stages["c"]["reason"]
+    assert not marker.exists()
+    assert "failing" in cli("logs", run_id, env=env).stdout  # default stage: the failed one
+
+
+def test_array_tasks_and_multi_task_stage_get_slurm_variables(tmp_path: Path, env: dict[str, str]) -> None:
+    """Each task sees SLURM_PROCID/SLURM_NTASKS like under srun; RANK comes from the task wrapper."""
+    out = tmp_path / "tasks.txt"
+    spec = chain_spec(tmp_path / "s.yaml", tmp_path / "work", [
+        {"name": "multi", "command": f'echo "$SLURM_PROCID/$SLURM_NTASKS rank=$RANK job=$SLURM_JOB_ID" >> {out}',
+         "resources": {"nodes": 1, "tasks_per_node": 3}},
+    ])
+    cli("submit", str(spec), "--executor", "local", env=env)
+    lines = sorted(out.read_text().splitlines())
+    assert [line.split()[0] for line in lines] == ["0/3", "1/3", "2/3"]
+    assert [line.split()[1] for line in lines] == ["rank=0", "rank=1", "rank=2"]
+
+
+def test_detach_then_cancel_stops_processes(tmp_path: Path, env: dict[str, str]) -> None:
+    spec = chain_spec(tmp_path / "s.yaml", tmp_path / "work", [
+        {"name": "slow", "command": "sleep 300"},
+        {"name": "after", "command": "true"},
+    ])
+    run_id = submitted_run_id(cli("submit", str(spec), "--executor", "local", "--detach", env=env).stdout)
+    stages = wait_for(run_id, env, lambda s: s["slow"]["state"] == "RUNNING", timeout=30)
+    assert stages["after"]["state"] == "PENDING"
+    state = json.loads((tmp_path / "work" / "runs" / run_id / "local-state.json").read_text())
+    pid = next(t["pid"] for t in state["tasks"] if t["stage"] == "slow")
+    cli("cancel", run_id, env=env)
+    stages = wait_for(run_id, env, all_ended, timeout=30)
+    assert stages["slow"]["state"] == "CANCELLED" and stages["after"]["state"] == "CANCELLED"
+    time.sleep(0.2)
+    assert not Path(f"/proc/{pid}").exists(), "the stage's process group was not stopped"
+
+
+def test_resubmit_from_a_stage_keeps_earlier_results(tmp_path: Path, env: dict[str, str]) -> None:
+    flag = tmp_path / "go"
+    out = tmp_path / "ran.txt"
+    spec = chain_spec(tmp_path / "s.yaml", tmp_path / "work", [
+        {"name": "a", "command": f"echo a >> {out}"},
+        {"name": "b", "command": f"echo b >> {out}; test -e {flag}"},
+        {"name": "c", "command": f"echo c >> {out}"},
+    ])
+    run_id = submitted_run_id(cli("submit", str(spec), "--executor", "local", env=env, check=1).stdout)
+    assert out.read_text().split() == ["a", "b"]
+    flag.touch()
+    cli("resubmit", run_id, "--from", "b", env=env)
+    assert out.read_text().split() == ["a", "b", "b", "c"]
+    stages = status(run_id, env)
+    assert [s["state"] for s in stages.values()] == ["COMPLETED"] * 3
+    manifest = json.loads((tmp_path / "work" / "runs" / run_id / "manifest.json").read_text())
+    b = manifest["stages"][1]
+    assert b["previous"][0]["job_ids"] != b["job_ids"]
+
+
+def test_dry_run_writes_nothing(tmp_path: Path, env: dict[str, str]) -> None:
+    spec = chain_spec(tmp_path / "s.yaml", tmp_path / "work", [{"name": "a", "command": "true"},
+                                                               {"name": "b", "command": "true"}])
+    proc = cli("submit", str(spec), "--executor", "slurm", "--dry-run", env=env)
+    assert "sbatch --parsable --hold --dependency=afterok:<a> b.sbatch" in proc.stdout
+    assert not (tmp_path / "work").exists()
+    assert not (tmp_path / "state").exists()
