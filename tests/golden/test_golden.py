@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -85,4 +86,27 @@ def test_repository_shell_files_pass_shellcheck(shellcheck: str) -> None:
     if not files:
         pytest.skip("no shell files tracked yet")
     proc = subprocess.run([shellcheck, "--severity=style", *files], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_local_executor_scripts_pass_shellcheck_and_drop_slurm_launch(name: str, shellcheck: str,
+                                                                     tmp_path: Path) -> None:
+    """Scripts rendered for the local executor: no srun, no pyxis flags, no scontrol/scancel, clean shellcheck."""
+    from lingjun_slurm.plan import build_plan
+    from lingjun_slurm.render import render_plan
+    from lingjun_slurm.spec import load_spec
+
+    loaded = load_spec(SCENARIOS[name])
+    files = render_plan(build_plan(loaded.spec, spec_sha256=loaded.sha256, executor="local"))
+    scripts = []
+    for fname, text in files.items():
+        if fname.endswith(".sbatch"):
+            body = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+            assert not re.search(r"\bsrun\b", body) and "--container-" not in body, fname
+            assert "scontrol" not in body and "scancel" not in body, fname
+            assert "lingjun_slurm.executors.launch" in body, fname
+            (tmp_path / fname).write_text(text)
+            scripts.append(str(tmp_path / fname))
+    proc = subprocess.run([shellcheck, "--severity=style", "--shell=bash", *scripts], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
