@@ -105,6 +105,8 @@ class LocalRunFailed(LingjunError):
 
 
 def _collect(refs: list[str]):  # type: ignore[no-untyped-def]
+    """Status of the named runs (default: the 10 newest), one batch of Slurm calls per transport."""
+    from .errors import TransportError
     from .runs.index import RunIndex
     from .runs.manifest import load_manifest
     from .status import StatusCollector
@@ -114,12 +116,21 @@ def _collect(refs: list[str]):  # type: ignore[no-untyped-def]
     entries = [index.resolve(r) for r in refs] if refs else index.recent(10)
     groups: dict[tuple[str, str], list] = {}
     for e in entries:
-        groups.setdefault((e.transport, e.host), []).append(e)
+        # Every local-transport run shares this machine's Slurm client: one batch for all of them.
+        groups.setdefault((e.transport, "" if e.transport == "local" else e.host), []).append(e)
     runs = []
     order = {e.run_id: i for i, e in enumerate(entries)}
     for (kind, host), group in groups.items():
         t = open_transport(kind, host)
-        manifests = [load_manifest(t, e.run_dir) for e in group]
+        manifests = []
+        for e in group:
+            try:
+                manifests.append(load_manifest(t, e.run_dir))
+            except TransportError as exc:
+                if refs:
+                    raise
+                click.echo(f"warning: skipping run {e.run_id}: {exc} (`lingjun-slurm forget {e.run_id}` drops it)",
+                           err=True)
         runs += StatusCollector(t).collect(manifests)
     return sorted(runs, key=lambda r: order.get(r.run_id, 0))
 
@@ -168,7 +179,7 @@ def logs(run: str, stage: Optional[str], follow: bool, task: Optional[int]) -> N
     if stage and rec is None:
         raise UsageError(f"run {m.run_id} has no stage {stage!r}; stages: {', '.join(m.stage_names())}")
     if rec is None:
-        rec = _interesting_stage(m)
+        rec = _interesting_stage(t, m)
     files = stage_logs(t, m, rec, task)
     if follow:
         if len(files) != 1:
@@ -191,10 +202,10 @@ def logs(run: str, stage: Optional[str], follow: bool, task: Optional[int]) -> N
                    err=True)
 
 
-def _interesting_stage(m):  # type: ignore[no-untyped-def]
+def _interesting_stage(t, m):  # type: ignore[no-untyped-def]
     from .status import FAILED, StatusCollector
 
-    run = StatusCollector(_open(m.run_id)[1]).collect([m])[0]
+    run = StatusCollector(t).collect([m])[0]
     for want in (("RUNNING",), FAILED):
         for s in run.stages:
             if s.state in want and not (s.reason or "").startswith("DependencyNeverSatisfied"):
@@ -238,9 +249,15 @@ def cancel(run: str, stage: Optional[str]) -> None:
         stopped = cancel_local(m.run_dir)
         click.echo(f"cancelled local run {m.run_id}: " + (", ".join(stopped) if stopped else "nothing was running"))
     else:
-        ids = [j for n in names for j in m.stage(n).job_ids]
+        # Only jobs that squeue shows under this run's job names: a reused job id is never hit.
+        from .status import ACTIVE, StatusCollector
+
+        live = {s.name: s for s in StatusCollector(t).collect([m])[0].stages}
+        ids = [j for n in names if live[n].state in ACTIVE for j in m.stage(n).job_ids]
         SlurmCLI(t).cancel(ids)
-        click.echo(f"cancelled run {m.run_id}: stages {', '.join(names)} (jobs {', '.join(ids) or '-'})")
+        ended = [n for n in names if live[n].state not in ACTIVE]
+        click.echo(f"cancelled run {m.run_id}: jobs {', '.join(ids) or '-'}"
+                   + (f"; already ended: {', '.join(ended)}" if ended else ""))
     with locked_manifest(t, m.run_dir) as rec:
         rec.event("cancel", stages=names)
 
@@ -256,13 +273,13 @@ def resubmit(run: str, from_stage: str) -> None:
 
     _entry, t, m = _open(run)
     names = stages_from(m, from_stage)
+    current = {s.name: s.state for s in StatusCollector(t).collect([m])[0].stages}
     if m.executor == "local":
         cancel_local(m.run_dir)
-        resubmit_local(t, m.run_dir, from_stage)
+        resubmit_local(t, m.run_dir, from_stage, current.get)
         keep = frozenset(n for n in m.stage_names() if n not in names)
         _run_local(m.run_dir, m.run_id, detach=False, keep=keep)
         return
-    current = {s.name: s.state for s in StatusCollector(t).collect([m])[0].stages}
     new = resubmit_slurm(t, m.run_dir, from_stage, current.get, echo=click.echo)
     click.echo(f"resubmitted run {new.run_id} from stage {from_stage}:")
     for n in names:
@@ -294,4 +311,16 @@ def list_runs(as_json: bool, limit: int) -> None:
         click.echo(f"{e.run_id:<44} {created:<19} {e.executor:<8} {e.host:<16} {e.run_dir}")
 
 
-COMMANDS = (submit, status, logs, cancel, resubmit, list_runs)
+@click.command()
+@click.argument("runs", nargs=-1, required=True)
+def forget(runs: tuple[str, ...]) -> None:
+    """Drop runs from the index (their run directories and jobs are left alone)."""
+    from .runs.index import RunIndex
+
+    index = RunIndex()
+    ids = [index.resolve(r).run_id for r in runs]
+    index.remove(ids)
+    click.echo(f"forgot {len(ids)} run(s): {', '.join(ids)}")
+
+
+COMMANDS = (submit, status, logs, cancel, resubmit, list_runs, forget)

@@ -21,6 +21,7 @@ from .slurm.parse import JobInfo, parse_jobcomp_filetxt
 from .transport.base import Transport
 
 STATUS_SCHEMA = 1
+JOBCOMP_TAIL = 16 << 20
 ACTIVE = ("PENDING", "RUNNING", "REQUEUED", "SUSPENDED", "CONFIGURING", "COMPLETING", "RESIZING", "SIGNALING",
           "STAGE_OUT", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "STOPPED")
 FAILED = ("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED", "CANCELLED")
@@ -56,8 +57,11 @@ def document(runs: list[RunStatus]) -> dict[str, Any]:
     return {"schema": STATUS_SCHEMA, "runs": [r.to_json() for r in runs]}
 
 
-def _belongs(info: JobInfo, job_id: str) -> bool:
-    return info.job_id == job_id or info.array_job_id == job_id
+def _belongs(info: JobInfo, job_id: str, job_name: str) -> bool:
+    """The record is this stage's job: same id, and (when the source gives one) the same name,
+    so a reused job id or another cluster's job is never taken for ours."""
+    same_id = info.job_id == job_id or info.array_job_id == job_id
+    return same_id and (not info.name or info.name == job_name)
 
 
 def _marker(t: Transport, run_dir: str, key: str) -> Optional[JobInfo]:
@@ -83,6 +87,8 @@ def _marker(t: Transport, run_dir: str, key: str) -> Optional[JobInfo]:
     job_id, _, task = key.partition("_")
     if end is None:
         state, reason = "UNKNOWN", "left the queue without an end marker (killed, or node lost?)"
+    elif rc is not None and rc > 128:
+        state, reason, rc = "CANCELLED", f"ended by signal {rc - 128} (scancel, time limit or preemption)", None
     else:
         state, reason = ("COMPLETED", None) if rc == 0 else ("FAILED", "NonZeroExitCode")
     return JobInfo(job_id=key, array_job_id=job_id if task else None, array_task_id=int(task) if task else None,
@@ -157,7 +163,7 @@ class StatusCollector:
                 continue
             run = RunStatus(m.run_id, m.name, m.executor, m.transport.host, run_dir=m.run_dir)
             for rec in m.stages:
-                infos = [i for i in records if any(_belongs(i, j) for j in rec.job_ids)]
+                infos = [i for i in records if any(_belongs(i, j, rec.job_name) for j in rec.job_ids)]
                 infos = _dedupe(infos)
                 if not rec.job_ids:
                     state, reason = ("NOT_SUBMITTED", "submission failed" if m.state == "failed" else None)
@@ -190,10 +196,15 @@ class StatusCollector:
         if still:
             for m in runs:
                 if m.cluster.jobcomp_type == "filetxt" and m.cluster.jobcomp_loc:
-                    try:
-                        text = self.t.read_text(m.cluster.jobcomp_loc)
-                    except (FileNotFoundError, OSError):
+                    size = self.t.size(m.cluster.jobcomp_loc)
+                    if size is None:
                         continue
+                    # Only the tail: the log grows for ever, and our jobs ended recently.
+                    start = max(0, size - JOBCOMP_TAIL)
+                    raw = self.t.read_range(m.cluster.jobcomp_loc, start, size - start)
+                    text = raw.decode("utf-8", errors="replace")
+                    if start:
+                        text = text.split("\n", 1)[-1]
                     extra += [i for i in parse_jobcomp_filetxt(text) if (i.array_job_id or i.job_id) in still]
                     break
         return queue + extra
@@ -225,7 +236,7 @@ def local_status(m: Manifest) -> RunStatus:
 
     # Process ids only mean something on the host that ran the chain; elsewhere trust the record.
     elsewhere = state is not None and state.host != socket.gethostname()
-    runner_alive = state is not None and (elsewhere or pid_alive(state.runner_pid, "lingjun"))
+    runner_alive = state is not None and (elsewhere or pid_alive(state.runner_pid, state.runner_start))
     now = time.time()
     for rec in m.stages:
         tasks = [t for t in (state.tasks if state else []) if t.stage == rec.name]

@@ -12,9 +12,13 @@ from __future__ import annotations
 import os
 import secrets
 import shlex
+import signal
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Optional
+from types import FrameType
+from typing import Callable, Iterator, Optional, Sequence
 
 from . import __version__
 from .errors import CommandError, LingjunError, SubmitError, TransportError, UsageError
@@ -28,12 +32,13 @@ from .spec.load import LoadedSpec, parse_spec
 from .transport.base import Transport
 
 Echo = Callable[[str], None]
+ACTIVE_STATES = ("PENDING", "RUNNING", "REQUEUED", "SUSPENDED", "CONFIGURING", "COMPLETING", "RESIZING")
 
 
 def new_run_id(name: str, now: Optional[float] = None) -> str:
-    """<name>-<YYYYmmdd>-<HHMMSS>-<4 hex>: unique, sortable, and valid as a Slurm job name prefix."""
+    """<name>-<YYYYmmdd>-<HHMMSS>-<6 hex>: unique, sortable, and valid as a Slurm job name prefix."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now if now is not None else time.time()))
-    return f"{name[:40].rstrip('.-_') or 'run'}-{stamp}-{secrets.token_hex(2)}"
+    return f"{name[:40].rstrip('.-_') or 'run'}-{stamp}-{secrets.token_hex(3)}"
 
 
 def run_dir_for(workdir: str, run_id: str) -> str:
@@ -62,13 +67,19 @@ def prepare(loaded: LoadedSpec, *, run_id: str, executor: str) -> Prepared:
     return Prepared(loaded, plan, render_plan(plan), run_dir)
 
 
-def dependency_string(stage: StagePlan, job_ids: dict[str, list[str]]) -> Optional[str]:
-    """sbatch --dependency for a stage: afterok:1:2,afterany:3 (upstreams without a job are left out)."""
+def dependency_string(stage: StagePlan, job_ids: dict[str, list[str]],
+                      after_any: Sequence[str] = ()) -> Optional[str]:
+    """sbatch --dependency for a stage: afterok:1:2,afterany:3 (upstreams without a job are left out).
+
+    after_any: more jobs that must have ended first (a resubmit waits for the jobs it replaces).
+    """
     parts = []
     for dep in stage.depends_on:
         ids = job_ids.get(dep.stage) or []
         if ids:
             parts.append(":".join([dep.type, *ids]))
+    if after_any:
+        parts.append(":".join(["afterany", *after_any]))
     return ",".join(parts) or None
 
 
@@ -87,8 +98,17 @@ def dry_run_lines(prep: Prepared) -> list[str]:
     return lines
 
 
-def write_run_dir(t: Transport, prep: Prepared) -> None:
-    t.mkdir(prep.run_dir)
+def write_run_dir(t: Transport, prep: Prepared, *, new: bool = False) -> None:
+    """new: the run directory must not exist yet (two submits never share a run id)."""
+    if new:
+        t.mkdir(prep.run_dir.rsplit("/", 1)[0])
+        try:
+            t.mkdir(prep.run_dir, exist_ok=False)
+        except FileExistsError:
+            raise UsageError(f"run {prep.plan.run_id} already exists in {prep.run_dir}; "
+                             f"use `lingjun-slurm resubmit {prep.plan.run_id} --from STAGE`") from None
+    else:
+        t.mkdir(prep.run_dir)
     t.mkdir(prep.plan.log_dir)
     for name, text in prep.files.items():
         t.write_atomic(f"{prep.run_dir}/{name}", text, 0o755 if name.endswith((".sh", ".sbatch")) else 0o644)
@@ -112,50 +132,90 @@ def new_manifest(t: Transport, prep: Prepared, executor: str, cluster: ClusterRe
         run_dir=prep.run_dir, log_dir=prep.plan.log_dir, stages=[stage_record(st) for st in prep.plan.stages])
 
 
-def submit_stages(sched: SlurmCLI, manifest: Manifest, stages: list[StagePlan], known: dict[str, list[str]],
-                  echo: Echo) -> list[str]:
-    """Submit stages held, in order; on any failure cancel what this call queued and raise."""
-    submitted: list[str] = []
-    job_ids = dict(known)
-    current = ""
+@contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """During submission SIGTERM and SIGHUP (a closed terminal or SSH session) roll back like Ctrl-C."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, _frame: Optional[FrameType]) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    old = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        for st in stages:
-            current = st.name
-            dep = dependency_string(st, job_ids)
-            job_id = sched.submit(st.script, cwd=manifest.run_dir, hold=True, dependency=dep)
-            submitted.append(job_id)
-            job_ids[st.name] = [job_id]
-            rec = manifest.stage(st.name)
-            rec.job_ids = [job_id]
-            rec.submitted_at = round(time.time(), 3)
-            rec.depends_on = [DependencyRecord(stage=d.stage, type=d.type, job_ids=job_ids.get(d.stage, []))
-                              for d in st.depends_on]
-        current = "release"
-        save_manifest(sched.t, manifest)
-        sched.release(submitted)
-    except (CommandError, TransportError, KeyboardInterrupt) as exc:
-        rollback_note = _rollback(sched, submitted)
-        manifest.state = "failed"
-        manifest.event("submit-failed", stage=current, error=str(exc), cancelled=submitted)
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def submit_stages(sched: SlurmCLI, manifest: Manifest, stages: list[StagePlan], known: dict[str, list[str]],
+                  echo: Echo, replaces: Optional[dict[str, list[str]]] = None) -> list[str]:
+    """Submit stages held, in order, then release them; on any failure cancel what this call queued.
+
+    The manifest is saved after every sbatch, so no job id is ever lost. Jobs whose
+    dependencies are all inside this submission are released first and the roots last, so
+    a failing release never lets a root start ahead of the rollback.
+    """
+    submitted: list[str] = []
+    roots: list[str] = []
+    job_ids = dict(known)
+    current: Optional[StagePlan] = None
+    with _signals_interrupt():
         try:
-            save_manifest(sched.t, manifest)
-        except LingjunError:
-            pass
-        if isinstance(exc, KeyboardInterrupt):
-            echo(f"interrupted: {rollback_note}")
-            raise
-        where = "releasing the held jobs" if current == "release" else f"stage {current}"
-        raise SubmitError(f"submission of run {manifest.run_id} failed at {where}: {exc}\n{rollback_note}") from None
+            for st in stages:
+                current = st
+                dep = dependency_string(st, job_ids, (replaces or {}).get(st.name, ()))
+                job_id = sched.submit(st.script, cwd=manifest.run_dir, hold=True, dependency=dep)
+                submitted.append(job_id)
+                if dep is None:
+                    roots.append(job_id)
+                job_ids[st.name] = [job_id]
+                rec = manifest.stage(st.name)
+                rec.job_ids = [job_id]
+                rec.submitted_at = round(time.time(), 3)
+                rec.depends_on = [DependencyRecord(stage=d.stage, type=d.type, job_ids=job_ids.get(d.stage, []))
+                                  for d in st.depends_on]
+                save_manifest(sched.t, manifest)
+            current = None
+            sched.release([j for j in submitted if j not in roots])
+            sched.release(roots)
+        except BaseException as exc:  # noqa: BLE001 - every failure rolls back, then is reported
+            note = _rollback(sched, submitted, current.job_name if current else None)
+            where = f"stage {current.name}" if current else "releasing the held jobs"
+            manifest.state = "failed"
+            manifest.event("submit-failed", stage=current.name if current else "release", error=str(exc),
+                           cancelled=submitted)
+            try:
+                save_manifest(sched.t, manifest)
+            except Exception:  # noqa: BLE001 - the rollback note matters more than the record
+                pass
+            if isinstance(exc, KeyboardInterrupt):
+                echo(f"interrupted at {where}: {note}")
+                raise
+            detail = str(exc) if isinstance(exc, LingjunError) else f"{type(exc).__name__}: {exc}"
+            raise SubmitError(f"submission of run {manifest.run_id} failed at {where}: {detail}\n{note}") from None
     return submitted
 
 
-def _rollback(sched: SlurmCLI, submitted: list[str]) -> str:
+def _rollback(sched: SlurmCLI, submitted: list[str], uncertain_name: Optional[str]) -> str:
+    """Cancel the held jobs; also any job the interrupted sbatch may have queued (by its unique name)."""
+    problems = []
+    if submitted:
+        try:
+            sched.cancel(submitted)
+        except Exception as exc:  # noqa: BLE001
+            problems.append(f"could NOT cancel the held jobs {', '.join(submitted)}: {exc}; cancel them with scancel")
+    if uncertain_name:
+        try:
+            sched.cancel_by_name(uncertain_name)
+        except Exception as exc:  # noqa: BLE001
+            problems.append(f"could not check for a job named {uncertain_name}: {exc}")
+    if problems:
+        return "\n".join(problems)
     if not submitted:
         return "nothing had been queued."
-    try:
-        sched.cancel(submitted)
-    except CommandError as exc:
-        return f"could NOT cancel the held jobs {', '.join(submitted)}: {exc}; cancel them with scancel"
     return f"cancelled the {len(submitted)} held job(s) already queued ({', '.join(submitted)}); none of them ran."
 
 
@@ -164,7 +224,7 @@ def submit_slurm(t: Transport, prep: Prepared, index: RunIndex, echo: Echo) -> M
     info = sched.cluster_info()
     cluster = ClusterRecord(name=info.name, slurm_version=info.slurm_version, accounting=info.accounting,
                             jobcomp_type=info.jobcomp_type, jobcomp_loc=info.jobcomp_loc)
-    write_run_dir(t, prep)
+    write_run_dir(t, prep, new=True)
     manifest = new_manifest(t, prep, "slurm", cluster)
     save_manifest(t, manifest)
     index.add(entry_for(manifest.run_id, manifest.name, manifest.created_at, "slurm", t.kind, t.host,
@@ -178,7 +238,7 @@ def submit_slurm(t: Transport, prep: Prepared, index: RunIndex, echo: Echo) -> M
 
 def prepare_local(t: Transport, prep: Prepared, index: RunIndex) -> Manifest:
     """Write the run record of a local run; job ids are 1..N in chain order."""
-    write_run_dir(t, prep)
+    write_run_dir(t, prep, new=True)
     manifest = new_manifest(t, prep, "local", ClusterRecord(name="local"))
     for i, rec in enumerate(manifest.stages, start=1):
         rec.job_ids = [str(i)]
@@ -202,18 +262,19 @@ def stages_from(manifest: Manifest, stage: str) -> list[str]:
     return names[names.index(stage):]
 
 
-def resubmit_slurm(t: Transport, run_dir: str, stage: str, upstream_state: Callable[[str], Optional[str]],
+def resubmit_slurm(t: Transport, run_dir: str, stage: str, state_of: Callable[[str], Optional[str]],
                    echo: Echo) -> Manifest:
     """Re-render from the run's own spec.yaml and resubmit STAGE and every stage after it, same run id.
 
-    upstream_state(stage) gives the current state of a stage outside the resubmitted set:
-    a COMPLETED one is no longer a dependency; a pending or running one stays one; a
-    failed one refuses the resubmit (resubmit --from that stage instead).
+    state_of(stage) is the current state of a stage (from status). Upstream stages outside
+    the resubmitted set: a COMPLETED one is no longer a dependency, a pending or running one
+    stays one, a failed one refuses the resubmit. The new jobs are queued held, each with
+    afterany on the job it replaces, released, and only then are the old jobs cancelled: a
+    failed resubmit leaves the old jobs as they were, and old and new never run at once.
     """
     manifest = load_manifest(t, run_dir)
     if manifest.executor != "slurm":
-        raise UsageError(f"run {manifest.run_id} ran with the {manifest.executor} executor; resubmit it with "
-                         f"`lingjun-slurm resubmit {manifest.run_id} --from {stage}` on the same executor")
+        raise UsageError(f"run {manifest.run_id} ran with the {manifest.executor} executor")
     names = stages_from(manifest, stage)
     loaded = parse_spec(t.read_text(f"{run_dir}/spec.yaml"), f"{run_dir}/spec.yaml")
     prep = prepare(loaded, run_id=manifest.run_id, executor="slurm")
@@ -223,15 +284,14 @@ def resubmit_slurm(t: Transport, run_dir: str, stage: str, upstream_state: Calla
     for rec in manifest.stages:
         if rec.name in names:
             continue
-        state = upstream_state(rec.name)
-        if state in ("PENDING", "RUNNING", "REQUEUED", "SUSPENDED", "CONFIGURING", "COMPLETING"):
+        state = state_of(rec.name)
+        if state in ACTIVE_STATES:
             known[rec.name] = rec.job_ids
         elif state != "COMPLETED" and any(d.stage == rec.name for n in names for d in manifest.stage(n).depends_on):
             raise UsageError(f"stage {rec.name} of run {manifest.run_id} is {state or 'UNKNOWN'}, and {stage} "
                              f"depends on it: use `resubmit {manifest.run_id} --from {rec.name}`")
+    active_old = {n: manifest.stage(n).job_ids for n in names if state_of(n) in ACTIVE_STATES}
     sched = SlurmCLI(t)
-    old = [j for n in names for j in manifest.stage(n).job_ids]
-    sched.cancel(old)  # one scancel; jobs that already ended are not an error
     write_run_dir(t, prep)
     with locked_manifest(t, run_dir) as manifest:
         now = round(time.time(), 3)
@@ -241,16 +301,27 @@ def resubmit_slurm(t: Transport, run_dir: str, stage: str, upstream_state: Calla
                 rec.previous.append(Attempt(job_ids=rec.job_ids, submitted_at=rec.submitted_at or now,
                                             replaced_at=now, reason=f"resubmit --from {stage}"))
             rec.job_ids = []
-        submit_stages(sched, manifest, [st for st in prep.plan.stages if st.name in names], known, echo)
+        submit_stages(sched, manifest, [st for st in prep.plan.stages if st.name in names], known, echo,
+                      replaces=active_old)
+        old = [j for ids in active_old.values() for j in ids]
+        sched.cancel(old)
         manifest.state = "submitted"
         manifest.event("resubmit", from_stage=stage, stages=names, cancelled=old)
     return manifest
 
 
-def resubmit_local(t: Transport, run_dir: str, stage: str) -> Manifest:
+def resubmit_local(t: Transport, run_dir: str, stage: str, state_of: Callable[[str], Optional[str]]) -> Manifest:
     """Local runs: re-render, give the stages from STAGE on new job ids; the caller runs them."""
     manifest = load_manifest(t, run_dir)
     names = stages_from(manifest, stage)
+    for rec in manifest.stages:
+        if rec.name in names:
+            continue
+        state = state_of(rec.name)
+        needed = any(d.stage == rec.name and d.type == "afterok" for n in names for d in manifest.stage(n).depends_on)
+        if needed and state != "COMPLETED":
+            raise UsageError(f"stage {rec.name} of run {manifest.run_id} is {state or 'UNKNOWN'}, and {stage} "
+                             f"depends on it: use `resubmit {manifest.run_id} --from {rec.name}`")
     loaded = parse_spec(t.read_text(f"{run_dir}/spec.yaml"), f"{run_dir}/spec.yaml")
     prep = prepare(loaded, run_id=manifest.run_id, executor="local")
     write_run_dir(t, prep)

@@ -3,7 +3,8 @@
     python3 -m lingjun_slurm.executors.launch --ntasks N [--kill-on-bad-exit] -- CMD...
 
 Each task gets what srun gives a task: SLURM_PROCID, SLURM_LOCALID, SLURM_NODEID, SLURM_NTASKS,
-SLURM_STEP_NUM_TASKS. SIGTERM/SIGINT are forwarded to every task. The exit status is the
+SLURM_STEP_NUM_TASKS. SIGTERM/SIGINT are forwarded to every task; what the tasks leave behind is cleaned up by the
+local runner, which stops the job's whole process group when the job ends. The exit status is the
 first non-zero task status (a signal N becomes 128+N); with --kill-on-bad-exit the other
 tasks are terminated as soon as one fails, as `srun --kill-on-bad-exit=1` does.
 Standard library only: it runs before any training code.
@@ -30,16 +31,14 @@ def launch(ntasks: int, argv: list[str], kill_on_bad_exit: bool = False, grace_s
     for rank in range(ntasks):
         env = {**os.environ, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank), "SLURM_NODEID": "0",
                "SLURM_NTASKS": str(ntasks), "SLURM_STEP_NUM_TASKS": str(ntasks), "SLURM_STEP_NUM_NODES": "1"}
-        # Each task leads its own process group, so stopping a task stops everything it started.
-        procs.append(subprocess.Popen(argv, env=env, start_new_session=True))
+        # Tasks stay in the job's process group: whoever stops the job (the local runner, Ctrl-C)
+        # reaches them and everything they started, as Slurm's process tracking does.
+        procs.append(subprocess.Popen(argv, env=env))
 
     def signal_all(signum: int) -> None:
         for p in procs:
             if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signum)
-                except ProcessLookupError:
-                    pass
+                p.send_signal(signum)
 
     def forward(signum: int, _frame: Optional[FrameType]) -> None:
         signal_all(signum)

@@ -33,7 +33,7 @@ from ..transport.local import LocalTransport
 
 STATE_FILE = "local-state.json"
 STATE_SCHEMA = 1
-KILL_GRACE_S = 10.0
+KILL_GRACE_S = float(os.environ.get("LINGJUN_LOCAL_KILL_GRACE_S", "10"))
 DONE = ("COMPLETED", "FAILED", "CANCELLED")
 
 
@@ -46,6 +46,7 @@ class TaskState:
     state: str = "PENDING"
     reason: Optional[str] = "Dependency"
     pid: Optional[int] = None
+    pid_start: Optional[int] = None  # /proc start time of pid: a recycled pid never matches
     start: Optional[float] = None
     end: Optional[float] = None
     exit_code: Optional[int] = None
@@ -57,6 +58,7 @@ class LocalState:
     run_id: str
     runner_pid: Optional[int]
     host: str
+    runner_start: Optional[int] = None
     tasks: list[TaskState] = field(default_factory=list)
     finished: bool = False
 
@@ -68,7 +70,7 @@ class LocalState:
         data = json.loads(text)
         tasks = [TaskState(**t) for t in data.get("tasks", [])]
         return LocalState(run_id=data["run_id"], runner_pid=data.get("runner_pid"), host=data.get("host", ""),
-                          tasks=tasks, finished=bool(data.get("finished")))
+                          runner_start=data.get("runner_start"), tasks=tasks, finished=bool(data.get("finished")))
 
 
 def read_state(run_dir: str) -> Optional[LocalState]:
@@ -91,7 +93,7 @@ class LocalRunner:
         self.host = socket.gethostname()
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.cancelled = False
-        self.state = LocalState(self.manifest.run_id, os.getpid(), self.host, self._tasks())
+        self.state = LocalState(self.manifest.run_id, os.getpid(), self.host, proc_start(os.getpid()), self._tasks())
 
     # --- setup ------------------------------------------------------------------------------
     def _tasks(self) -> list[TaskState]:
@@ -138,8 +140,11 @@ class LocalRunner:
         text = Path(self.run_dir, rec.script).read_text(encoding="utf-8")
         ntasks_per_node = sbatch_option(text, "ntasks-per-node") or "1"
         bindir = os.path.dirname(sys.executable)
+        # A job sees only the SLURM_* variables of its own (emulated) allocation, never those of
+        # an allocation the runner itself may be running in.
+        inherited = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
         env = {
-            **os.environ,
+            **inherited,
             "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}",
             "LINGJUN_EXECUTOR": "local",
             "LINGJUN_RUN_DIR": self.run_dir,
@@ -169,6 +174,7 @@ class LocalRunner:
                                     stderr=subprocess.STDOUT, start_new_session=True)
         self.procs[task.key] = proc
         task.state, task.reason, task.pid, task.start = "RUNNING", None, proc.pid, round(time.time(), 3)
+        task.pid_start = proc_start(proc.pid)
         what = f"task {task.task}" if task.task is not None else f"job {task.job_id}"
         self.echo(f"{_clock()} {rec.name:<14} RUNNING    {what} (pid {proc.pid}) -> {task.log}")
 
@@ -192,15 +198,15 @@ class LocalRunner:
         self.cancelled = True
 
     def _cancel_all(self) -> None:
+        """SIGTERM to every running job's process group, SIGKILL after KILL_GRACE_S."""
         for proc in self.procs.values():
             _killpg(proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + KILL_GRACE_S
-        while any(p.poll() is None for p in self.procs.values()) and time.monotonic() < deadline:
+        while time.monotonic() < deadline and any(group_alive(p.pid) or p.poll() is None for p in self.procs.values()):
             time.sleep(0.05)
         for proc in self.procs.values():
-            if proc.poll() is None:
-                _killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            _killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
         for key, proc in list(self.procs.items()):
             self._finish(self._task(key), proc.returncode)
             del self.procs[key]
@@ -225,6 +231,10 @@ class LocalRunner:
                 time.sleep(0.05)
             if self.cancelled:
                 self._cancel_all()
+        except BaseException:
+            self.cancelled = True  # never leave jobs running behind a runner that failed
+            self._cancel_all()
+            raise
         finally:
             for s, handler in old.items():
                 signal.signal(s, handler)
@@ -239,6 +249,9 @@ class LocalRunner:
         for key, proc in list(self.procs.items()):
             rc = proc.poll()
             if rc is not None:
+                # Like Slurm at the end of a job: whatever the script left running in its
+                # process group (a task's orphaned children) is stopped.
+                _killpg(proc.pid, signal.SIGKILL)
                 del self.procs[key]
                 self._finish(self._task(key), rc)
                 changed = True
@@ -278,15 +291,44 @@ def _clock() -> str:
     return time.strftime("%H:%M:%S")
 
 
-def pid_alive(pid: Optional[int], needle: str) -> bool:
-    """Is pid running, and is it still our process (its command line mentions needle)?"""
+def proc_start(pid: Optional[int]) -> Optional[int]:
+    """The start time of a process (clock ticks since boot, /proc/PID/stat field 22), or None."""
     if not pid:
-        return False
+        return None
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return False
-    return needle in cmdline
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    return int(fields[19]) if len(fields) > 19 else None
+
+
+def pid_alive(pid: Optional[int], started: Optional[int]) -> bool:
+    """Is pid running, and is it still the process recorded (same start time)?"""
+    now = proc_start(pid)
+    return now is not None and (started is None or now == started)
+
+
+def group_alive(pgid: int) -> bool:
+    """Does any live (non-zombie) process remain in the process group?"""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+            return True
+        except (ProcessLookupError, PermissionError):
+            return False
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+            return True
+    return False
 
 
 def cancel_local(run_dir: str, timeout: float = KILL_GRACE_S + 5) -> list[str]:
@@ -294,21 +336,33 @@ def cancel_local(run_dir: str, timeout: float = KILL_GRACE_S + 5) -> list[str]:
     state = read_state(run_dir)
     if state is None:
         return []
+    here = socket.gethostname()
+    if state.host and state.host != here:
+        from ..errors import UsageError
+
+        raise UsageError(f"run {state.run_id} runs on host {state.host}; cancel it there (this is {here})")
     done: list[str] = []
-    if pid_alive(state.runner_pid, "lingjun"):
+    if pid_alive(state.runner_pid, state.runner_start):
         os.kill(state.runner_pid or 0, signal.SIGTERM)
         done.append(f"runner pid {state.runner_pid}")
         deadline = time.monotonic() + timeout
-        while pid_alive(state.runner_pid, "lingjun") and time.monotonic() < deadline:
+        while pid_alive(state.runner_pid, state.runner_start) and time.monotonic() < deadline:
             time.sleep(0.1)
-        return done
-    # The runner is gone (killed?): stop its tasks directly and record them as cancelled.
+        if not pid_alive(state.runner_pid, state.runner_start):
+            return done
+    # The runner is gone (killed?) or stuck: stop its jobs' process groups directly.
     for task in state.tasks:
-        if task.state == "RUNNING" and pid_alive(task.pid, ".sbatch"):
-            _killpg(task.pid or 0, signal.SIGTERM)
+        if task.state == "RUNNING" and task.pid and pid_alive(task.pid, task.pid_start):
+            _killpg(task.pid, signal.SIGTERM)
+            deadline = time.monotonic() + KILL_GRACE_S
+            while group_alive(task.pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            _killpg(task.pid, signal.SIGKILL)
             done.append(f"{task.stage} pid {task.pid}")
         if task.state in ("RUNNING", "PENDING"):
             task.state, task.reason, task.pid = "CANCELLED", "cancelled", None
+    state.runner_pid = None
+    state.finished = True
     LocalTransport().write_atomic(f"{run_dir}/{STATE_FILE}", state.to_json())
     return done
 
@@ -323,6 +377,11 @@ def detach(run_dir: str) -> int:
     deadline = time.monotonic() + 10
     while read_state(run_dir) is None and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)  # so a status or cancel right after submit sees the runner
+    if proc.poll() is not None and read_state(run_dir) is None:
+        from ..errors import LingjunError
+
+        tail = Path(run_dir, "local-runner.log").read_text(errors="replace")[-2000:]
+        raise LingjunError(f"the local runner exited at once (status {proc.returncode}):\n{tail}")
     return proc.pid
 
 

@@ -75,6 +75,10 @@ class RunIndex:
             entries.append(entry)
             self._write(entries)
 
+    def remove(self, run_ids: list[str]) -> None:
+        with self._fs.lock(str(self.dir / "runs.lock")):
+            self._write([e for e in self._read() if e.run_id not in set(run_ids)])
+
     def resolve(self, ref: str) -> IndexEntry:
         """RUN is a run id, a unique prefix of one, or a run directory."""
         entries = self.entries()

@@ -69,6 +69,10 @@ class SlurmCLI:
         if result.returncode != 0 and not benign:
             result.check("scancel failed", self.t.host)
 
+    def cancel_by_name(self, job_name: str) -> None:
+        """scancel --name: jobs of this user with that (unique, run-id-prefixed) name."""
+        self.t.run(["scancel", "--me", f"--name={job_name}"], check=True, what="scancel --name failed")
+
     def queue(self) -> list[JobInfo]:
         """Every job slurmctld still remembers: one `squeue --json` (22.05 ignores -j anyway).
 

@@ -82,8 +82,9 @@ class Transport(abc.ABC):
         """Names in a directory; [] when it does not exist."""
 
     @abc.abstractmethod
-    def mkdir(self, path: str, mode: int = 0o755) -> None:
-        """Create a directory and its parents; fine if it exists."""
+    def mkdir(self, path: str, mode: int = 0o755, exist_ok: bool = True) -> None:
+        """Create a directory and its parents. exist_ok=False: raise FileExistsError if it exists
+        (atomic: of two callers exactly one succeeds)."""
 
     @abc.abstractmethod
     def write_atomic(self, path: str, data: bytes | str, mode: int = 0o644) -> None:

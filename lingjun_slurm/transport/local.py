@@ -29,7 +29,11 @@ class LocalTransport(Transport):
             proc = subprocess.run(argv, cwd=cwd, env=full_env, input=input, capture_output=True, text=True,
                                   timeout=timeout, errors="replace")
         except FileNotFoundError as exc:
+            if cwd is not None and not os.path.isdir(cwd):
+                return 126, "", f"working directory {cwd} does not exist"
             return 127, "", f"{argv[0]}: command not found ({exc.strerror})"
+        except PermissionError as exc:
+            return 126, "", f"{argv[0]}: cannot run it ({exc.strerror})"
         except subprocess.TimeoutExpired as exc:
             out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
             return 124, out, f"{argv[0]}: timed out after {timeout} s"
@@ -51,9 +55,16 @@ class LocalTransport(Transport):
         except (FileNotFoundError, NotADirectoryError):
             return []
 
-    def mkdir(self, path: str, mode: int = 0o755) -> None:
+    def mkdir(self, path: str, mode: int = 0o755, exist_ok: bool = True) -> None:
         try:
-            os.makedirs(path, mode=mode, exist_ok=True)
+            if exist_ok:
+                os.makedirs(path, mode=mode, exist_ok=True)
+            else:
+                os.makedirs(os.path.dirname(path.rstrip("/")) or "/", mode=mode, exist_ok=True)
+                os.mkdir(path, mode)
+        except FileExistsError:
+            if not exist_ok:
+                raise
         except OSError as exc:
             raise TransportError(f"cannot create directory {path}: {exc.strerror}") from exc
 

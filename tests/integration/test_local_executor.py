@@ -101,6 +101,31 @@ def test_detach_then_cancel_stops_processes(tmp_path: Path, env: dict[str, str])
     assert not Path(f"/proc/{pid}").exists(), "the stage's process group was not stopped"
 
 
+def test_cancel_reaches_tasks_that_ignore_sigterm(tmp_path: Path, env: dict[str, str]) -> None:
+    """Two tasks that trap SIGTERM: cancel escalates to SIGKILL on the job's process group."""
+    env = {**env, "LINGJUN_LOCAL_KILL_GRACE_S": "1"}
+    pids = tmp_path / "pids"
+    spec = chain_spec(tmp_path / "s.yaml", tmp_path / "work", [
+        {"name": "stubborn", "command": f"trap '' TERM; echo $$ >> {pids}; while true; do sleep 0.1; done",
+         "resources": {"nodes": 1, "tasks_per_node": 2}}])
+    run_id = submitted_run_id(cli("submit", str(spec), "--executor", "local", "--detach", env=env).stdout)
+    deadline = time.monotonic() + 20
+    while (not pids.exists() or len(pids.read_text().split()) < 2) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    task_pids = [int(p) for p in pids.read_text().split()]
+    cli("cancel", run_id, env=env)
+    stages = status(run_id, env)
+    assert stages["stubborn"]["state"] == "CANCELLED"
+    from lingjun_slurm.executors.local import proc_start
+    deadline = time.monotonic() + 5
+    while any(proc_start(p) is not None and "Z" not in Path(f"/proc/{p}/stat").read_text().split(")")[-1][:3]
+              for p in task_pids if Path(f"/proc/{p}").exists()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = [p for p in task_pids if Path(f"/proc/{p}").exists()
+             and Path(f"/proc/{p}/stat").read_text().split(")")[-1].split()[0] != "Z"]
+    assert alive == [], "tasks survived the cancel"
+
+
 def test_resubmit_from_a_stage_keeps_earlier_results(tmp_path: Path, env: dict[str, str]) -> None:
     flag = tmp_path / "go"
     out = tmp_path / "ran.txt"

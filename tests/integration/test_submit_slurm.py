@@ -279,3 +279,60 @@ def test_jobs_that_left_squeue_resolve_from_sacct_jobcomp_or_markers(tmp_path: P
     (tmp_path / "work" / "runs" / run_id / "jobs" / m.stages[1].job_ids[0]).unlink()
     run = StatusCollector(t).collect([m])[0]  # type: ignore[arg-type]
     assert run.stages[1].state == "UNKNOWN" and "no record" in (run.stages[1].reason or "")
+
+
+def test_resubmit_of_a_running_stage_waits_for_the_old_job_then_replaces_it(tmp_path: Path,
+                                                                           env: dict[str, str]) -> None:
+    go = tmp_path / "go"
+    out = tmp_path / "runs.txt"
+    spec = chain_spec(tmp_path / "s.yaml", tmp_path / "work", [
+        {"name": "long", "command": (f'echo "$SLURM_JOB_ID start $(date +%s.%N)" >> {out}; '
+                                     f"trap 'echo \"$SLURM_JOB_ID end $(date +%s.%N)\" >> {out}' EXIT; "
+                                     f"for i in $(seq 600); do test -e {go} && exit 0; sleep 0.2; done")},
+        {"name": "after", "command": "true"}])
+    run_id = submitted_run_id(cli("submit", str(spec), "--executor", "slurm", env=env).stdout)
+    old = wait_for(run_id, env, lambda s: s["long"]["state"] == "RUNNING")["long"]["job_ids"][0]
+    cli("resubmit", run_id, "--from", "long", env=env)
+    go.touch()
+    stages = wait_for(run_id, env, all_ended)
+    assert [s["state"] for s in stages.values()] == ["COMPLETED", "COMPLETED"], stages
+    new = stages["long"]["job_ids"][0]
+    assert new != old
+    events = {}
+    for line in out.read_text().splitlines():
+        job, what, when = line.split()
+        events[(job, what)] = float(when)
+    assert events[(new, "start")] >= events[(old, "end")]  # never both at once
+
+
+def test_status_ignores_a_job_id_that_belongs_to_another_job(tmp_path: Path, env: dict[str, str],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A manifest whose job id now names someone else's job (id reuse, another cluster)."""
+    from lingjun_slurm.runs.manifest import load_manifest
+    from lingjun_slurm.status import StatusCollector
+    from lingjun_slurm.transport import LocalTransport
+
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    spec = chain_spec(tmp_path / "s.yaml", tmp_path / "work", [{"name": "mine", "command": "sleep 1"}])
+    run_id = submitted_run_id(cli("submit", str(spec), "--executor", "slurm", env=env).stdout)
+    m = load_manifest(LocalTransport(), str(tmp_path / "work" / "runs" / run_id))
+    m.stages[0].job_name = "someone-elses-job"
+    run = StatusCollector(LocalTransport()).collect([m])[0]
+    assert run.stages[0].state != "PENDING" and run.stages[0].state != "RUNNING"
+    cli("cancel", run_id, env=env)
+
+
+def test_status_skips_runs_whose_directory_is_gone_and_forget_drops_them(tmp_path: Path,
+                                                                        env: dict[str, str]) -> None:
+    import shutil
+
+    spec = chain_spec(tmp_path / "s.yaml", tmp_path / "work", [{"name": "one", "command": "true"}])
+    keep = submitted_run_id(cli("submit", str(spec), "--executor", "slurm", env=env).stdout)
+    gone = submitted_run_id(cli("submit", str(spec), "--executor", "slurm", env=env).stdout)
+    shutil.rmtree(tmp_path / "work" / "runs" / gone)
+    proc = cli("status", env=env)
+    assert keep in proc.stdout and f"skipping run {gone}" in proc.stderr
+    cli("status", gone, env=env, check=1)  # asked for by name: an error
+    cli("forget", gone, env=env)
+    assert gone not in cli("list", env=env).stdout

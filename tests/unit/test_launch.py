@@ -27,7 +27,10 @@ def test_first_failure_is_the_exit_status() -> None:
 
 def test_kill_on_bad_exit_stops_the_other_tasks(tmp_path: Path) -> None:
     started = time.monotonic()
-    proc = launch("--ntasks", "2", "--kill-on-bad-exit", "--", "sh", "-c",
-                  'if [ "$SLURM_PROCID" = 0 ]; then exit 3; fi; sleep 30')
+    # exec: the task is the sleep itself (a shell's orphaned child is the runner's to clean up).
+    proc = subprocess.run([sys.executable, "-m", "lingjun_slurm.executors.launch", "--ntasks", "2",
+                           "--kill-on-bad-exit", "--", "sh", "-c",
+                           'if [ "$SLURM_PROCID" = 0 ]; then exit 3; fi; exec sleep 30'],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
     assert proc.returncode == 3
     assert time.monotonic() - started < 15
