@@ -153,3 +153,13 @@ def test_dry_run_writes_nothing(tmp_path: Path, env: dict[str, str]) -> None:
     assert "sbatch --parsable --hold --dependency=afterok:<a> b.sbatch" in proc.stdout
     assert not (tmp_path / "work").exists()
     assert not (tmp_path / "state").exists()
+
+
+def test_status_watch_returns_once_every_stage_has_ended(tmp_path: Path, env: dict[str, str]) -> None:
+    spec = chain_spec(tmp_path / "s.yaml", tmp_path / "work", [{"name": "a", "command": "sleep 2"}])
+    run_id = submitted_run_id(cli("submit", str(spec), "--executor", "local", "--detach", env=env).stdout)
+    started = time.monotonic()
+    out = cli("status", run_id, "--watch", "--interval", "1", env=env, timeout=60).stdout
+    assert time.monotonic() - started < 30
+    assert out.count(f"run {run_id}") >= 2  # redrawn while the stage ran
+    assert out.rstrip().splitlines()[-1].split()[2] == "COMPLETED"

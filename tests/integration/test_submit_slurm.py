@@ -336,3 +336,47 @@ def test_status_skips_runs_whose_directory_is_gone_and_forget_drops_them(tmp_pat
     cli("status", gone, env=env, check=1)  # asked for by name: an error
     cli("forget", gone, env=env)
     assert gone not in cli("list", env=env).stdout
+
+
+def test_train_restarts_in_place_and_the_chain_after_it_still_runs(tmp_path: Path, env: dict[str, str]) -> None:
+    """The train script requeues its own job id while iterations remain, so the afterok edge of the
+    stage after it stays valid. Megatron-LM cannot be installed here: pretrain_gpt.py is a stand-in
+    that 'trains' one iteration per start and records it the way Megatron-LM does, in
+    <save>/latest_checkpointed_iteration.txt (rank 0 only)."""
+    import yaml
+
+    mlm = tmp_path / "megatron"
+    mlm.mkdir()
+    ckpt = tmp_path / "work" / "checkpoints"
+    (mlm / "pretrain_gpt.py").write_text(
+        "import os, pathlib\n"
+        f"tracker = pathlib.Path({str(ckpt)!r}) / 'latest_checkpointed_iteration.txt'\n"
+        "if os.environ['RANK'] == '0':\n"
+        "    tracker.parent.mkdir(parents=True, exist_ok=True)\n"
+        "    last = int(tracker.read_text()) if tracker.exists() else 0\n"
+        "    tracker.write_text(str(last + 1))\n")
+    after = tmp_path / "after-ran"
+    spec = chain_spec(tmp_path / "s.yaml", tmp_path / "work", [{"name": "eval", "after": "train",
+                                                                 "command": f"touch {after}"}])
+    doc = yaml.safe_load(spec.read_text())
+    doc["stages"]["train"] = {"skip": False}
+    doc["stages"]["commands"][0].pop("before", None)
+    doc["cluster"]["stages"] = {"train": {"partition": "gpu", "nodes": 1, "tasks_per_node": 2, "gpus_per_node": 2}}
+    doc["megatron_lm"] = {"version": "0.16.1", "path": str(mlm)}
+    doc["data"] = {"prefix": str(tmp_path / "data" / "corpus_text_document"),
+                   "tokenizer": {"type": "null", "vocab_size": 512}}
+    doc["model"] = {"preset": "tiny", "vocab_size": 512}
+    doc["parallelism"] = {"micro_batch": 1, "global_batch": 2}
+    doc["training"] = {"entrypoint": "megatron-lm", "iterations": 2, "max_restarts": 3, "save_grace_s": 60}
+    doc["checkpoint"] = {"dir": str(ckpt)}
+    spec.write_text(yaml.safe_dump(doc))
+    run_id = submitted_run_id(cli("submit", str(spec), "--executor", "slurm", env=env).stdout)
+    first = json.loads((tmp_path / "work" / "runs" / run_id / "manifest.json").read_text())
+    stages = wait_for(run_id, env, lambda s: s["eval"]["state"] in ("COMPLETED", "FAILED", "CANCELLED"),
+                      timeout=120)
+    assert stages["train"]["state"] == "COMPLETED" and stages["eval"]["state"] == "COMPLETED", stages
+    assert stages["train"]["restarts"] == 1
+    assert stages["train"]["job_ids"] == first["stages"][0]["job_ids"]  # the same job id throughout
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == "2" and after.exists()
+    log = cli("logs", run_id, "train", env=env).stdout
+    assert "requeueing (restart 1 of 3)" in log
