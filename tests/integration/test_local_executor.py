@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from .helpers import all_ended, chain_spec, cli, status, submitted_run_id, wait_for
+from .helpers import PY, all_ended, chain_spec, cli, status, submitted_run_id, wait_for
 
 
 @pytest.fixture
@@ -163,3 +165,15 @@ def test_status_watch_returns_once_every_stage_has_ended(tmp_path: Path, env: di
     assert time.monotonic() - started < 30
     assert out.count(f"run {run_id}") >= 2  # redrawn while the stage ran
     assert out.rstrip().splitlines()[-1].split()[2] == "COMPLETED"
+
+
+def test_readme_quick_start_runs(env: dict[str, str]) -> None:
+    """The README's first command, after its install step: the command-chain example, locally."""
+    repo = Path(__file__).resolve().parents[2]
+    readme = (repo / "README.md").read_text()
+    assert "lingjun-slurm submit examples/command-chain.yaml --executor local" in readme
+    proc = subprocess.run([PY, "-m", "lingjun_slurm.cli", "submit", "examples/command-chain.yaml", "--executor",
+                           "local"], cwd=repo, env={**os.environ, **env}, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_id = submitted_run_id(proc.stdout)
+    assert "words in the Zen of Python: 1" in cli("logs", run_id, "report", env=env).stdout
