@@ -170,10 +170,10 @@ def _register() -> None:
 
     for command in COMMANDS:
         cli.add_command(command)
-    try:
-        from .cli_devcluster import dev_cluster
-    except ImportError:  # pragma: no cover - shipped together
-        return
+    from .cli_checkpoint import checkpoint
+    from .cli_devcluster import dev_cluster
+
+    cli.add_command(checkpoint)
     cli.add_command(dev_cluster)
 
 

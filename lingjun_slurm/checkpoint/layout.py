@@ -1,0 +1,230 @@
+"""Megatron-LM's checkpoint directory layout: the tracker, iteration directories, pins.
+
+    DIR/latest_checkpointed_iteration.txt   the iteration to resume from ("30"), or "release"
+    DIR/iter_0000030/                       one torch_dist checkpoint (7 digits, more past 9,999,999)
+    DIR/iter_0000030/lingjun-manifest.json  sizes and SHA-256 of every file (written by verify)
+    DIR/iter_0000030/.lingjun-pin           retention never deletes a pinned iteration
+
+Nothing here imports torch: list, prune and pin stay fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .errors import CheckpointError, CheckpointUsageError
+
+TRACKER = "latest_checkpointed_iteration.txt"
+MANIFEST = "lingjun-manifest.json"
+PIN = ".lingjun-pin"
+DELETING = ".lingjun-deleting"  # suffix of a directory that prune is removing
+MEGATRON_CONFIG = "metadata.json"  # written last by dist_checkpointing.save
+ITER_RE = re.compile(r"iter_(\d{7,})")
+# Files of our own that are not part of the checkpoint: never hashed, never copied.
+OWN_FILES = frozenset({MANIFEST, PIN})
+
+
+def iter_name(iteration: int) -> str:
+    return f"iter_{iteration:07d}"
+
+
+def parse_iteration(text: str | int) -> int:
+    """'30', 30 or 'iter_0000030' -> 30."""
+    s = str(text).strip()
+    m = ITER_RE.fullmatch(s)
+    if m:
+        return int(m.group(1))
+    if s.isdigit():
+        return int(s)
+    raise CheckpointUsageError(f"{text!r} is not an iteration (expected a number such as 30 or iter_0000030)")
+
+
+def check_dir(ckpt_dir: Path | str) -> Path:
+    path = Path(ckpt_dir)
+    if not path.is_dir():
+        what = "is not a directory" if path.exists() else "does not exist"
+        raise CheckpointUsageError(f"checkpoint directory {path} {what}")
+    return path
+
+
+@dataclass(frozen=True)
+class Tracker:
+    """What latest_checkpointed_iteration.txt says; problem is None when it is valid."""
+
+    path: Path
+    raw: str | None
+    iteration: int | None = None
+    release: bool = False
+    problem: str | None = None
+
+    @property
+    def name(self) -> str | None:
+        if self.release:
+            return "release"
+        return None if self.iteration is None else iter_name(self.iteration)
+
+
+def read_tracker(ckpt_dir: Path) -> Tracker:
+    """Read the tracker the way Megatron-LM does (strip, int() or 'release'), with a reason when invalid."""
+    path = Path(ckpt_dir) / TRACKER
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(4097)
+    except FileNotFoundError:
+        return Tracker(path, None, problem=f"no {TRACKER} in {ckpt_dir} (no checkpoint was completed)")
+    except OSError as exc:
+        return Tracker(path, None, problem=f"cannot read {path}: {exc.strerror or exc}")
+    raw = data.decode("utf-8", errors="replace")
+    text = raw.strip()
+    if text == "release":
+        return Tracker(path, raw, release=True)
+    if text.isascii() and text.isdigit() and len(data) <= 4096:
+        return Tracker(path, raw, iteration=int(text))
+    shown = repr(text[:60]) + ("..." if len(text) > 60 else "")
+    what = "is empty" if not text else f"holds {shown}"
+    return Tracker(path, raw, problem=f"tracker {path} {what}: expected an iteration number or 'release'")
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write via a temporary file in the same directory, fsync, rename: readers see old or new, never half."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    try:
+        dfd = os.open(path.parent, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dfd)
+    except OSError:
+        pass
+    finally:
+        os.close(dfd)
+
+
+def write_tracker(ckpt_dir: Path, iteration: int | str) -> None:
+    """Atomically point the tracker at an iteration (only after every rank finished saving)."""
+    atomic_write(Path(ckpt_dir) / TRACKER, f"{iteration}\n".encode())
+
+
+def iterations(ckpt_dir: Path) -> list[tuple[int, Path]]:
+    """Iteration directories, oldest first."""
+    found = []
+    with os.scandir(ckpt_dir) as it:
+        for entry in it:
+            m = ITER_RE.fullmatch(entry.name)
+            if m and entry.is_dir(follow_symlinks=False):
+                found.append((int(m.group(1)), Path(entry.path)))
+    return sorted(found)
+
+
+def dir_size(path: Path) -> tuple[int, int]:
+    """(files, bytes) below path, symlinks not followed."""
+    files = size = 0
+    for root, _dirs, names in os.walk(path):
+        for name in names:
+            try:
+                st = os.lstat(os.path.join(root, name))
+            except OSError:
+                continue
+            files += 1
+            size += st.st_size
+    return files, size
+
+
+def is_pinned(iter_dir: Path) -> bool:
+    return (iter_dir / PIN).exists()
+
+
+def _existing_iter_dir(ckpt_dir: Path, iteration: int) -> Path:
+    path = check_dir(ckpt_dir) / iter_name(iteration)
+    if not path.is_dir():
+        raise CheckpointError(f"{path} does not exist")
+    return path
+
+
+def pin(ckpt_dir: Path, iteration: int, note: str = "") -> Path:
+    """Mark an iteration so that retention never deletes it; idempotent."""
+    path = _existing_iter_dir(ckpt_dir, iteration) / PIN
+    body = {"pinned_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "note": note}
+    atomic_write(path, (json.dumps(body) + "\n").encode())
+    return path
+
+
+def unpin(ckpt_dir: Path, iteration: int) -> bool:
+    """Remove the pin; False when there was none."""
+    path = _existing_iter_dir(ckpt_dir, iteration) / PIN
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+@dataclass
+class IterationInfo:
+    """One iteration directory as `list` shows it.
+
+    state: verified (manifest present: hashed after a successful verification),
+    complete (Megatron's metadata.json present, no manifest yet), incomplete (neither:
+    a save that died, or a copy in progress), in-progress (newer than the tracker: a save
+    may still be writing it; never touched by prune).
+    """
+
+    iteration: int
+    name: str
+    path: Path
+    state: str
+    latest: bool
+    pinned: bool
+    files: int
+    size_bytes: int
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out["path"] = str(self.path)
+        return out
+
+
+def state_of(iter_dir: Path, iteration: int, tracker: Tracker) -> str:
+    if tracker.iteration is not None and iteration > tracker.iteration:
+        return "in-progress"
+    if (iter_dir / MANIFEST).is_file():
+        return "verified"
+    if (iter_dir / MEGATRON_CONFIG).is_file():
+        return "complete"
+    return "incomplete"
+
+
+def scan(ckpt_dir: Path, sizes: bool = True) -> tuple[Tracker, list[IterationInfo]]:
+    ckpt_dir = check_dir(ckpt_dir)
+    tracker = read_tracker(ckpt_dir)
+    infos = []
+    for iteration, path in iterations(ckpt_dir):
+        files, size = dir_size(path) if sizes else (0, 0)
+        infos.append(IterationInfo(iteration, path.name, path, state_of(path, iteration, tracker),
+                                   latest=tracker.iteration == iteration, pinned=is_pinned(path),
+                                   files=files, size_bytes=size))
+    return tracker, infos
+
+
+def human_size(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"  # pragma: no cover
