@@ -63,7 +63,13 @@ def tokenizer_args(args: ArgList, tok: Tokenizer) -> None:
     args.add("--tokenizer-type", _TOKENIZER_TYPES[tok.type])
     if tok.type in ("huggingface", "sentencepiece"):
         args.add("--tokenizer-model", tok.path)
+        # core_v0.16's tokenizer leaves the post-processor's special tokens out unless asked; the
+        # legacy one and main put them in: ask, so every version tokenizes alike (and like builtin).
+        args.switch("--tokenizer-hf-include-special-tokens",
+                    tok.type == "huggingface" and tok.add_special_tokens is not False)
     elif tok.type == "gpt2-bpe":
+        # Without --legacy-tokenizer core_v0.16 fetches HF's gpt2 from the Hub with its own merges.
+        args.add("--legacy-tokenizer")
         args.add("--vocab-file", tok.vocab_file)
         args.add("--merge-file", tok.merge_file)
     else:

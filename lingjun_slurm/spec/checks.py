@@ -260,6 +260,8 @@ def check_data(spec: Spec) -> list[Issue]:
         if tok.type == "huggingface" and tok.path and tok.path.endswith(".json") and megatron_reads_it:
             issues.append(Issue(tloc + ("path",), "Megatron-LM loads a HuggingFace tokenizer with from_pretrained: "
                                                   "give the directory that holds tokenizer.json"))
+        if tok.add_special_tokens is not None and tok.type != "huggingface":
+            issues.append(Issue(tloc + ("add_special_tokens",), "only huggingface tokenizers add special tokens"))
         for field in ("path", "vocab_file", "merge_file", "vocab_size"):
             if field not in needs and getattr(tok, field) is not None:
                 issues.append(Issue(tloc + (field,), f"tokenizer type {tok.type!r} does not use {field}"))

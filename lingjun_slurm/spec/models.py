@@ -143,6 +143,11 @@ class Tokenizer(Strict):
     vocab_file: Optional[AbsPath] = Field(default=None, description="gpt2-bpe: vocab.json.")
     merge_file: Optional[AbsPath] = Field(default=None, description="gpt2-bpe: merges.txt.")
     vocab_size: Optional[int] = Field(default=None, ge=2, description="null: vocabulary size.")
+    add_special_tokens: Optional[bool] = Field(
+        default=None,
+        description="huggingface: put the post-processor's special tokens (e.g. BOS) into the ids, as Megatron-LM's "
+                    "--tokenizer-hf-include-special-tokens does. Default: true.",
+    )
 
 
 class DataSpec(Strict):

@@ -5,8 +5,9 @@
     python3 -m lingjun_slurm.stages train      --plan PLAN.json
     python3 -m lingjun_slurm.stages checkpoint --plan PLAN.json
 
-This module validates the contract (arguments, plan schema). The stage bodies arrive
-with the data, training and checkpoint work; until then a stage says so and exits 1.
+This module validates the contract (arguments, plan schema) and hands the plan to the
+stage's module: stages/preprocess.py, merge.py, checkpoint.py (and train, which says so
+and exits 1 until its body arrives).
 """
 
 from __future__ import annotations
@@ -46,6 +47,18 @@ def load_plan(path: Path) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     plan = load_plan(args.plan)
+    if args.stage == "preprocess":
+        from . import preprocess
+
+        return preprocess.main(plan, args.shard)
+    if args.stage == "merge":
+        from . import merge
+
+        return merge.main(plan)
+    if args.stage == "checkpoint":
+        from . import checkpoint
+
+        return checkpoint.main(plan)
     print(f"lingjun-slurm: stage {args.stage} of run {plan['run_id']}: this version has no built-in "
           f"{args.stage} implementation yet", file=sys.stderr)
     return 1

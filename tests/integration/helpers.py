@@ -17,8 +17,10 @@ PY = sys.executable
 
 def cli(*args: str, env: dict[str, str], timeout: float = 120, check: Optional[int] = 0) -> subprocess.CompletedProcess[str]:
     """Run `lingjun-slurm ARGS` as a user would (a fresh process); assert the exit code."""
-    proc = subprocess.run([PY, "-m", "lingjun_slurm.cli", *args], env={**os.environ, **env}, capture_output=True,
-                          text=True, timeout=timeout)
+    # As a user with the venv activated: sbatch exports PATH, so jobs' python3 is the venv's.
+    path = f"{os.path.dirname(PY)}{os.pathsep}{os.environ.get('PATH', '')}"
+    proc = subprocess.run([PY, "-m", "lingjun_slurm.cli", *args], env={**os.environ, "PATH": path, **env},
+                          capture_output=True, text=True, timeout=timeout)
     if check is not None:
         assert proc.returncode == check, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     assert "Traceback" not in proc.stderr, proc.stderr

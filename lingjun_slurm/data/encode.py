@@ -1,0 +1,177 @@
+"""json lines -> Megatron documents, and the ordered worker pool that runs it.
+
+Per line, as Megatron-LM's tools/preprocess_data.py Encoder.encode does: json.loads(line); for each
+json key (in --json-keys order) the value is one text, or a list of texts ("sentences"); each text
+is tokenized; empty ones are dropped; with append_eod a non-empty document gets the EOD id appended
+to its last sentence. An empty document is still added (no tokens, no sentences).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+
+from . import DataError
+from .tokenizer import TextError, Tokenizer, TokenizerSpec, build
+
+
+@dataclass(frozen=True)
+class EncodeSettings:
+    keys: tuple[str, ...]
+    append_eod: bool
+    tokenizer: TokenizerSpec
+
+
+@dataclass
+class KeyDocs:
+    """The documents of one chunk for one json key, in flat arrays (cheap to pickle)."""
+
+    tokens: np.ndarray  # all token ids, in the dataset dtype
+    doc_tokens: np.ndarray  # tokens per document
+    sentence_lengths: np.ndarray  # tokens per sentence (the .idx "sequence lengths")
+    doc_sentences: np.ndarray  # sentences per document
+
+
+@dataclass
+class ChunkResult:
+    docs: dict[str, KeyDocs]
+    lines: int  # documents (non-blank lines)
+    text_bytes: int
+    tokens: int
+    error: tuple[int, str] | None = None  # (line index in the chunk, message)
+
+
+def _fail(index: int, message: str) -> ChunkResult:
+    return ChunkResult({}, 0, 0, 0, (index, message))
+
+
+def _texts_of(data: Any, key: str) -> list[str] | str:
+    """The texts of one key, or an error message."""
+    if not isinstance(data, dict):
+        return f"expected a JSON object, got {type(data).__name__}"
+    if key not in data:
+        keys = ", ".join(repr(k) for k in list(data)[:8])
+        return f"no key {key!r} (the object has {keys or 'no keys'})"
+    value = data[key]
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return value
+    return f"key {key!r} is {type(value).__name__}; expected a string or a list of strings"
+
+
+def encode_lines(lines: list[bytes], settings: EncodeSettings, tok: Tokenizer) -> ChunkResult:
+    texts: list[str] = []
+    text_line: list[int] = []
+    layout: list[list[tuple[int, int]]] = []  # per document: per key (first text, count)
+    text_bytes = 0
+    for index, raw in enumerate(lines):
+        if not raw.strip():  # Megatron's json.loads fails on a blank line; we skip it
+            continue
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            return _fail(index, f"not valid UTF-8 ({exc.reason} at byte {exc.start} of the line)")
+        except json.JSONDecodeError as exc:
+            return _fail(index, f"invalid JSON: {exc.msg} (column {exc.colno})")
+        per_key = []
+        for key in settings.keys:
+            found = _texts_of(data, key)
+            if isinstance(found, str):
+                return _fail(index, found)
+            per_key.append((len(texts), len(found)))
+            texts.extend(found)
+            text_line.extend([index] * len(found))
+        layout.append(per_key)
+        text_bytes += len(raw)
+    try:
+        ids = tok.encode_batch(texts)
+    except TextError as exc:
+        return _fail(text_line[exc.index], exc.message)
+    eod = tok.eod
+    out: dict[str, KeyDocs] = {}
+    total = 0
+    for k, key in enumerate(settings.keys):
+        flat: list[int] = []
+        doc_tokens, lengths, doc_sents = [], [], []
+        for per_key in layout:
+            first, count = per_key[k]
+            n_tokens = n_sents = 0
+            for sentence in ids[first:first + count]:
+                if sentence:
+                    flat.extend(sentence)
+                    lengths.append(len(sentence))
+                    n_tokens += len(sentence)
+                    n_sents += 1
+            if n_tokens and settings.append_eod:
+                flat.append(eod)  # type: ignore[arg-type]
+                lengths[-1] += 1
+                n_tokens += 1
+            doc_tokens.append(n_tokens)
+            doc_sents.append(n_sents)
+        total += len(flat)
+        out[key] = KeyDocs(np.array(flat, dtype=tok.dtype_name), np.array(doc_tokens, dtype=np.int64),
+                           np.array(lengths, dtype=np.int32), np.array(doc_sents, dtype=np.int64))
+    return ChunkResult(out, len(layout), text_bytes, total)
+
+
+# --- the worker pool -------------------------------------------------------------------------
+
+_WORKER: tuple[EncodeSettings, Tokenizer] | None = None
+
+
+def _init_worker(settings: EncodeSettings, threads: int) -> None:
+    global _WORKER
+    os.environ["RAYON_NUM_THREADS"] = str(threads)  # tokenizers' thread pool, read on first use
+    _WORKER = (settings, build(settings.tokenizer, need_eod=settings.append_eod))
+
+
+def _work(lines: list[bytes]) -> ChunkResult:
+    assert _WORKER is not None
+    return encode_lines(lines, *_WORKER)
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))  # what Slurm's cgroup/affinity gives this task
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def encode_stream(chunks: Iterable[Any], settings: EncodeSettings, tok: Tokenizer,
+                  workers: int) -> Iterator[tuple[Any, ChunkResult]]:
+    """(chunk, result) in input order. workers == 1 encodes here; more start that many spawned
+    processes, with at most 2 chunks per worker in flight so memory stays bounded."""
+    if workers <= 1:
+        for chunk in chunks:
+            yield chunk, encode_lines(chunk.lines, settings, tok)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    threads = max(1, _cpus() // workers)
+    ctx = multiprocessing.get_context("spawn")
+    pending: deque = deque()
+    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
+                             initargs=(settings, threads)) as pool:
+        try:
+            for chunk in chunks:
+                pending.append((chunk, pool.submit(_work, chunk.lines)))
+                chunk.lines = []  # the pool holds the only copy until the worker has it
+                while len(pending) >= 2 * workers:
+                    done, future = pending.popleft()
+                    yield done, future.result()
+            while pending:
+                done, future = pending.popleft()
+                yield done, future.result()
+        except BrokenProcessPool:
+            raise DataError("a tokenizer worker process died (killed, or out of memory?)") from None
+        finally:
+            for _, future in pending:
+                future.cancel()
