@@ -125,3 +125,34 @@ def test_run_id_with_newline_is_refused(capsys) -> None:
     with pytest.raises(SystemExit) as info:
         main(["render", str(TINY), "--stage", "train", "--run-id", "evil\n"])
     assert info.value.code == 2
+
+
+@pytest.mark.parametrize("before,after,step_rc,requeued", [
+    (None, None, 1, False),   # failed at once (bad config): retrying would fail the same way
+    (None, "10", 1, True),    # failed after saving iteration 10: progress, so retry from there
+    ("10", "10", 137, True),  # a task was killed (SIGKILL: node trouble, OOM killer): retry
+    ("10", "10", 2, False),   # failed again without progress: stop
+    ("10", "20", 0, True),    # clean exit before the end (e.g. --exit-duration-in-mins): continue
+])
+def test_requeue_after_failures_only_with_progress_or_a_signal(tmp_path: Path, capsys, before, after, step_rc,
+                                                               requeued) -> None:
+    out = render(tmp_path, capsys)
+    ckpt = Path("/tmp/lingjun-slurm/tiny-gpt/checkpoints")
+    ckpt.mkdir(parents=True, exist_ok=True)
+    tracker = ckpt / "latest_checkpointed_iteration.txt"
+    tracker.unlink(missing_ok=True)
+    if before:
+        tracker.write_text(before + "\n")
+    bindir = tmp_path / "bin"
+    write = f'echo {after} > {tracker}\n' if after else ""
+    stub(bindir, "srun", f"{write}exit {step_rc}\n")
+    stub(bindir, "scontrol", 'echo "scontrol $*" >> "$LOG"\ncase "$1 $2" in\n  "show hostnames") echo node1 ;;\n'
+                             '  "show node") echo "NodeName=node1 NodeAddr=127.0.0.1" ;;\nesac\n')
+    try:
+        proc = subprocess.run(["bash", str(out / "train.sbatch")], env=env_for(tmp_path, out), capture_output=True,
+                              text=True)
+    finally:
+        tracker.unlink(missing_ok=True)
+    log = (tmp_path / "log").read_text()
+    assert ("scontrol requeue 5" in log) == requeued, proc.stdout + proc.stderr
+    assert proc.returncode == (0 if requeued else step_rc)
