@@ -294,10 +294,11 @@ def build_plan(spec: Spec, *, run_id: str | None = None, spec_sha256: str = "", 
             name=name, kind=kind, script=f"{name}.sbatch", job_name=job_name,
             sbatch=_sbatch(spec, job_name, res, logs, array=array, dependent=bool(deps), train=kind == "train"),
             depends_on=deps, resources=res, env=env, network=stage_net,
-            launcher=(_launcher(spec, kind, env_names(env, stage_net, kind == "train"), use_container)
+            launcher=(_launcher(spec, kind, env_names(env, stage_net, kind == "train")
+                                + (["PYTHONPATH"] if kind != "command" and spec.run.ship_code else []), use_container)
                       if executor == "slurm" else local_launcher(res, kind)),
             commands=cmds, container=use_container,
-            array=array, vars=vars_,
+            array=array, vars={**vars_, "ship_code": kind != "command" and spec.run.ship_code and executor == "slurm"},
         ))
     return Plan(run_id=run_id, name=spec.run.name, spec_sha256=spec_sha256, source=source, workdir=spec.run.workdir,
                 log_dir=logs, checkpoint_dir=checkpoint_dir(spec), stages=tuple(stages), settings=settings(spec),

@@ -116,6 +116,16 @@ def write_run_dir(t: Transport, prep: Prepared, *, new: bool = False) -> None:
     t.write_atomic(f"{prep.run_dir}/spec.sha256", f"{prep.loaded.sha256}  spec.yaml\n")
 
 
+def ship_code(t: Transport, prep: Prepared) -> list[str]:
+    """Wheels of this lingjun_slurm (+ run.ship_wheels) into the run directory, for built-in stages."""
+    spec = prep.loaded.spec
+    if not spec.run.ship_code or all(st.kind == "command" for st in prep.plan.stages):
+        return []
+    from .bundle import ship
+
+    return ship(t, prep.run_dir, list(spec.run.ship_wheels))
+
+
 def stage_record(st: StagePlan) -> StageRecord:
     return StageRecord(name=st.name, kind=st.kind, script=st.script, job_name=st.job_name, array=st.array,
                        depends_on=[DependencyRecord(stage=d.stage, type=d.type) for d in st.depends_on],
@@ -225,7 +235,9 @@ def submit_slurm(t: Transport, prep: Prepared, index: RunIndex, echo: Echo) -> M
     cluster = ClusterRecord(name=info.name, slurm_version=info.slurm_version, accounting=info.accounting,
                             jobcomp_type=info.jobcomp_type, jobcomp_loc=info.jobcomp_loc)
     write_run_dir(t, prep, new=True)
+    shipped = ship_code(t, prep)
     manifest = new_manifest(t, prep, "slurm", cluster)
+    manifest.shipped = shipped
     save_manifest(t, manifest)
     index.add(entry_for(manifest.run_id, manifest.name, manifest.created_at, "slurm", t.kind, t.host,
                         manifest.run_dir, manifest.spec.source))
@@ -293,7 +305,9 @@ def resubmit_slurm(t: Transport, run_dir: str, stage: str, state_of: Callable[[s
     active_old = {n: manifest.stage(n).job_ids for n in names if state_of(n) in ACTIVE_STATES}
     sched = SlurmCLI(t)
     write_run_dir(t, prep)
+    shipped = ship_code(t, prep)
     with locked_manifest(t, run_dir) as manifest:
+        manifest.shipped = shipped
         now = round(time.time(), 3)
         for n in names:
             rec = manifest.stage(n)

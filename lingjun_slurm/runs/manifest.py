@@ -88,6 +88,7 @@ class Manifest(_Model):
     run_dir: str
     log_dir: str
     state: Literal["submitting", "submitted", "failed"] = "submitting"
+    shipped: list[str] = Field(default_factory=list, description="Wheels unpacked into <run_dir>/site.")
     stages: list[StageRecord] = Field(default_factory=list)
     events: list[dict[str, Any]] = Field(default_factory=list, description="submit / resubmit / cancel history.")
 

@@ -47,6 +47,15 @@ class RunSpec(Strict):
     log_dir: Optional[SafePath] = Field(
         default=None, description="Directory for Slurm stdout/stderr logs (absolute). Default: <workdir>/logs."
     )
+    ship_code: bool = Field(
+        default=True,
+        description="At submit, put this lingjun_slurm (as a wheel, unpacked) in the run directory; built-in stages "
+                    "import it from there (PYTHONPATH), so images need not have it.",
+    )
+    ship_wheels: list[AbsPath] = Field(
+        default_factory=list,
+        description="More wheel files to ship the same way (e.g. megatron-core built for the image's Python).",
+    )
 
 
 class Resources(Strict):

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
-from ..plan import PLAN_SCHEMA
+from .runtime import PLAN_SCHEMA, check
 
 STAGES = ("preprocess", "merge", "train", "checkpoint")
 
@@ -47,6 +48,16 @@ def load_plan(path: Path) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     plan = load_plan(args.plan)
+    from .. import __file__ as package_file, __version__
+
+    print(f"lingjun-slurm: {args.stage} stage, lingjun_slurm {__version__} from {os.path.dirname(package_file)}, "
+          f"python {sys.version.split()[0]} ({sys.executable})", flush=True)
+    if not os.environ.get("LINGJUN_SKIP_RUNTIME_CHECK"):
+        tokenizer = ((plan.get("settings") or {}).get("data") or {}).get("tokenizer") or {}
+        problem = check(args.stage, tokenizer.get("type"))
+        if problem:
+            print(problem, file=sys.stderr)
+            return 1
     if args.stage == "preprocess":
         from . import preprocess
 

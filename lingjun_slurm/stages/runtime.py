@@ -1,0 +1,63 @@
+"""What the built-in stages need from the Python that runs them (in a container, or on the host).
+
+Standard library only: this runs before anything heavy is imported, so a wrong image fails
+with a sentence instead of an ImportError deep inside megatron.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import metadata
+from typing import Optional
+
+PLAN_SCHEMA = 1  # kept equal to lingjun_slurm.plan.PLAN_SCHEMA (a test checks it)
+
+# distribution -> minimum version, per stage. megatron-core 0.16.1 is the floor this tool
+# supports (lingjun_slurm.megatron.versions); torch 2.4 is what that megatron-core needs.
+_CORE = {"torch": "2.4", "megatron-core": "0.16.1", "numpy": "1.24"}
+REQUIREMENTS: dict[str, dict[str, str]] = {
+    "preprocess": {**_CORE},
+    "merge": {**_CORE},
+    "train": {**_CORE, "psutil": "5.9"},
+    "checkpoint": {**_CORE, "psutil": "5.9"},
+}
+TOKENIZER_DISTS = {"huggingface": "tokenizers", "gpt2-bpe": "tokenizers", "sentencepiece": "sentencepiece"}
+
+
+def _parse(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", version.split("+")[0])[:3])
+
+
+def installed(dist: str) -> Optional[str]:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def problems(stage: str, tokenizer_type: Optional[str] = None) -> list[str]:
+    """Missing or too-old packages for a stage, as sentences (empty when all fit)."""
+    wanted = dict(REQUIREMENTS.get(stage, {}))
+    if stage == "preprocess" and tokenizer_type in TOKENIZER_DISTS:
+        wanted[TOKENIZER_DISTS[tokenizer_type]] = "0.1"
+    out = []
+    for dist, floor in wanted.items():
+        have = installed(dist)
+        if have is None:
+            out.append(f"{dist}>={floor} is not installed")
+        elif _parse(have) < _parse(floor):
+            out.append(f"{dist} {have} is older than the {floor} this stage needs")
+    return out
+
+
+def check(stage: str, tokenizer_type: Optional[str] = None) -> Optional[str]:
+    """One message for the user, or None."""
+    found = problems(stage, tokenizer_type)
+    if not found:
+        return None
+    import sys
+
+    return (f"lingjun-slurm: the {stage} stage cannot run with this Python ({sys.executable}): "
+            + "; ".join(found)
+            + ". Use an image that has them (docs/shipping-code.md), or ship wheels built for this image's "
+              "Python with the run (run.ship_wheels).")
