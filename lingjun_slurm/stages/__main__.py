@@ -5,9 +5,9 @@
     python3 -m lingjun_slurm.stages train      --plan PLAN.json
     python3 -m lingjun_slurm.stages checkpoint --plan PLAN.json
 
-This module validates the contract (arguments, plan schema) and hands the plan to the
-stage's module: stages/preprocess.py, merge.py, checkpoint.py (and train, which says so
-and exits 1 until its body arrives).
+This module validates the contract (arguments, plan schema), checks that the Python running
+it has the packages the stage needs (runtime.py), and hands the plan to the stage's module:
+stages/preprocess.py, merge.py, train.py, checkpoint.py.
 """
 
 from __future__ import annotations
@@ -70,9 +70,9 @@ def main(argv: list[str] | None = None) -> int:
         from . import checkpoint
 
         return checkpoint.main(plan)
-    print(f"lingjun-slurm: stage {args.stage} of run {plan['run_id']}: this version has no built-in "
-          f"{args.stage} implementation yet", file=sys.stderr)
-    return 1
+    from . import train
+
+    return train.main(plan)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ def installed(dist: str) -> Optional[str]:
 def problems(stage: str, tokenizer_type: Optional[str] = None) -> list[str]:
     """Missing or too-old packages for a stage, as sentences (empty when all fit)."""
     wanted = dict(REQUIREMENTS.get(stage, {}))
-    if stage == "preprocess" and tokenizer_type in TOKENIZER_DISTS:
+    if stage in ("preprocess", "train") and tokenizer_type in TOKENIZER_DISTS:
         wanted[TOKENIZER_DISTS[tokenizer_type]] = "0.1"
     out = []
     for dist, floor in wanted.items():

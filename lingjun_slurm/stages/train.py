@@ -1,0 +1,46 @@
+"""The built-in train stage: Megatron GPT on megatron-core, one process per GPU (or CPU task).
+
+    python3 -m lingjun_slurm.stages train --plan PLAN.json  ->  main(plan)
+
+Started once per task by srun (or the local launcher); rank and world come from RANK /
+WORLD_SIZE / LOCAL_RANK (else SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID), the rendezvous
+from MASTER_ADDR / MASTER_PORT. Resumes from the checkpoint tracker, saves every
+save_interval and at the end, and on SIGTERM finishes the step, saves and exits 0.
+Everything heavy is imported inside main(): megatron's checkpoint writer starts a
+spawn-context process that re-imports __main__ (lingjun_slurm.stages.__main__, whose
+`if __name__ == "__main__"` guard keeps it from training again). See docs/training.md.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+
+
+def main(plan: dict) -> int:
+    """0: trained to the last iteration, or saved and stopped on SIGTERM; 1: an error (message on stderr)."""
+    from ..train import TrainError
+    from ..train.settings import from_plan
+
+    try:
+        settings = from_plan(plan)
+        from ..train.entry import run
+
+        return run(settings)
+    except TrainError as exc:
+        print(f"lingjun-slurm: train: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        print("lingjun-slurm: train: interrupted", file=sys.stderr, flush=True)
+        return 130
+    except Exception as exc:  # a crash inside torch/megatron: the traceback, then one summary line
+        traceback.print_exc()
+        print(f"lingjun-slurm: train: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return 1
+
+
+if __name__ == "__main__":  # python3 -m lingjun_slurm.stages.train --plan PLAN.json (the stage dispatcher's twin)
+    from .__main__ import load_plan, parse
+
+    _args = parse(["train", *sys.argv[1:]])
+    sys.exit(main(load_plan(_args.plan)))

@@ -1,0 +1,333 @@
+"""torch_dist checkpoints through megatron's dist_checkpointing, in Megatron-LM's layout.
+
+    {dir}/iter_{NNNNNNN}/                 dist_checkpointing.save (every rank writes its shards)
+    {dir}/latest_checkpointed_iteration.txt   rank 0, atomically, only after every rank saved
+
+The state dict uses Megatron-LM's keys: "model", "optimizer", "opt_param_scheduler",
+"rng_state" (one ShardedObject per (pipeline, tensor, data x context) rank with python, numpy,
+torch and the RNG tracker's named states), "iteration", "checkpoint_version", "args" (an
+argparse.Namespace with the layout and the data position: consumed_train_samples,
+consumed_valid_samples), "num_floating_point_operations_so_far".
+The distributed optimizer is saved with sharding type dp_reshardable (the default
+fully_sharded_model_space fails in megatron-core 0.16 with "flattened_range is not supported").
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import random
+import shutil
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from . import TrainError
+from .runtime import Runtime
+from .settings import TrainSettings
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_VERSION = 3.0
+SHARDED_METADATA = {"distrib_optim_sharding_type": "dp_reshardable", "singleton_local_shards": False,
+                    "chained_optim_avoid_prefix": True}
+
+
+@dataclass
+class Progress:
+    """Where training stands: what a checkpoint must bring back besides weights and state."""
+
+    iteration: int = 0
+    consumed_train_samples: int = 0
+    consumed_valid_samples: int = 0
+    flops_so_far: float = 0.0
+
+
+def _layout(rt: Runtime) -> dict[str, int]:
+    return {"tensor_model_parallel_size": rt.tp, "pipeline_model_parallel_size": rt.pp,
+            "context_parallel_size": rt.cp, "data_parallel_size": rt.dp}
+
+
+def _args(settings: TrainSettings, rt: Runtime, progress: Progress, padded_vocab: int) -> argparse.Namespace:
+    m, p = settings.model, settings.parallel
+    return argparse.Namespace(
+        num_layers=m.num_layers, hidden_size=m.hidden_size, ffn_hidden_size=m.ffn_hidden_size,
+        num_attention_heads=m.num_attention_heads, num_query_groups=m.num_query_groups,
+        seq_length=m.seq_length, max_position_embeddings=m.max_position_embeddings,
+        padded_vocab_size=padded_vocab, position_embedding_type=m.position_embedding,
+        normalization=m.normalization, swiglu=m.activation == "swiglu",
+        untie_embeddings_and_output_weights=m.untie_embeddings,
+        micro_batch_size=p.micro_batch, global_batch_size=p.global_batch,
+        use_distributed_optimizer=p.distributed_optimizer, ckpt_format="torch_dist",
+        iteration=progress.iteration, consumed_train_samples=progress.consumed_train_samples,
+        consumed_valid_samples=progress.consumed_valid_samples, skipped_train_samples=0,
+        train_iters=settings.training.iterations, seed=settings.training.seed,
+        trainer="lingjun_slurm.train", **_layout(rt))
+
+
+def _rng_state(rt: Runtime) -> dict[str, Any]:
+    import numpy as np
+    import torch
+    from megatron.core import tensor_parallel
+
+    return {"random_rng_state": random.getstate(), "np_rng_state": np.random.get_state(),
+            "torch_rng_state": torch.get_rng_state(),
+            "cuda_rng_state": torch.cuda.get_rng_state() if rt.use_cuda else None,
+            "rng_tracker_states": tensor_parallel.get_cuda_rng_tracker().get_states()}
+
+
+def _set_rng_state(state: dict[str, Any], rt: Runtime) -> None:
+    import numpy as np
+    import torch
+    from megatron.core import tensor_parallel
+
+    random.setstate(state["random_rng_state"])
+    np.random.set_state(state["np_rng_state"])
+    torch.set_rng_state(state["torch_rng_state"])
+    if rt.use_cuda and state.get("cuda_rng_state") is not None:
+        torch.cuda.set_rng_state(state["cuda_rng_state"])
+    tracker = tensor_parallel.get_cuda_rng_tracker()
+    tracker.reset()
+    tracker.set_states(state["rng_tracker_states"])
+
+
+def _rng_object(rt: Runtime, state: dict[str, Any] | None) -> Any:
+    from megatron.core import parallel_state
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+
+    dp_cp = parallel_state.get_data_parallel_world_size(with_context_parallel=True)
+    dp_cp_rank = parallel_state.get_data_parallel_rank(with_context_parallel=True)
+    return ShardedObject("rng_state", [state], (rt.pp, rt.tp, dp_cp), (rt.pp_rank, rt.tp_rank, dp_cp_rank),
+                         replica_id=0)
+
+
+def _unwrap(model: Any) -> Any:
+    """The GPTModel inside megatron's DDP: Megatron-LM's checkpoints have no "module." prefix."""
+    while hasattr(model, "module"):
+        model = model.module
+    return model
+
+
+def sharded_state_dict(model: Any, optimizer: Any, scheduler: Any, settings: TrainSettings, rt: Runtime,
+                       progress: Progress, padded_vocab: int, is_loading: bool, with_rng: bool = True) -> dict:
+    model_sd = _unwrap(model).sharded_state_dict(metadata=SHARDED_METADATA)
+    state: dict[str, Any] = {
+        "model": model_sd,
+        "optimizer": optimizer.sharded_state_dict(model_sd, is_loading=is_loading, metadata=SHARDED_METADATA),
+        "opt_param_scheduler": scheduler.state_dict(),
+        "iteration": progress.iteration,
+        "checkpoint_version": CHECKPOINT_VERSION,
+        "args": _args(settings, rt, progress, padded_vocab),
+        "num_floating_point_operations_so_far": float(progress.flops_so_far),
+    }
+    if with_rng:
+        state["rng_state"] = _rng_object(rt, None if is_loading else _rng_state(rt))
+    return state
+
+
+_MANAGER: Any = None  # keeps the Manager (and its server process) alive
+
+
+def _manager_process_init() -> None:
+    """Initializer of the Manager's server process: ignore SIGTERM/SIGINT (they are for the
+    trainer), exit when the trainer is gone (so it never outlives a SIGKILLed trainer), and
+    leave at shutdown without the ~0.5 s interpreter teardown."""
+    import signal
+    import threading
+    from multiprocessing import managers
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="lingjun-parent-watch", daemon=True).start()
+
+    def shutdown(self: Any, conn: Any) -> None:  # answer, then leave at once (this server process only)
+        try:
+            conn.send(("#RETURN", None))
+        finally:
+            os._exit(0)
+
+    managers.Server.shutdown = shutdown  # type: ignore[method-assign]
+
+
+def start_writer_manager() -> None:
+    """Give dist_checkpointing's torch_dist writer a result-queue Manager that survives SIGTERM.
+
+    megatron's writer collects results through a multiprocessing Manager
+    (filesystem_async._get_write_results_queue), which it creates at the first save with the
+    spawn context and keeps for the life of the process. Three problems with that one:
+    Slurm's `scancel --signal=TERM` and the local runner signal every process of the step, and
+    a Manager killed that way makes the save after the signal fail ("Connection refused";
+    verified); a spawned child re-imports __main__ (EOFError when __main__ cannot be imported);
+    and it imports torch to unpickle the first results (~1.5 s inside the first save).
+    This one is forked (megatron forks its writer processes the same way at every save), so it
+    has torch already and re-imports nothing, and it ignores SIGTERM/SIGINT. Call it once the
+    model is built, before the first save.
+    """
+    import multiprocessing as mp
+    from multiprocessing.managers import SyncManager
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    global _MANAGER
+    if getattr(filesystem_async, "_results_queue", "absent") is not None:
+        return  # already there, or a megatron-core without this global (it then makes its own)
+    manager = SyncManager(ctx=mp.get_context("fork"))
+    manager.start(initializer=_manager_process_init)
+    _MANAGER = manager
+    filesystem_async._results_queue = manager.Queue()
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def save(ckpt_dir: str, model: Any, optimizer: Any, scheduler: Any, settings: TrainSettings, rt: Runtime,
+         progress: Progress, padded_vocab: int) -> tuple[str, float]:
+    """Save iteration progress.iteration; returns (path, seconds). The tracker moves only afterwards."""
+    from megatron.core import dist_checkpointing, parallel_state
+    from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
+    from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
+
+    from ..checkpoint import iter_name, read_tracker, write_tracker
+
+    start = time.perf_counter()
+    path = os.path.join(ckpt_dir, iter_name(progress.iteration))
+    if rt.rank == 0:
+        os.makedirs(ckpt_dir, exist_ok=True)
+        if os.path.exists(path):
+            tracker = read_tracker(ckpt_dir)
+            if tracker.iteration == progress.iteration:
+                raise TrainError(f"{path} is the tracker's checkpoint; refusing to overwrite it")
+            log.warning("removing %s: an unfinished save (newer than the tracker)", path)
+            stale = f"{path}.lingjun-stale-{os.getpid()}"
+            os.rename(path, stale)
+            shutil.rmtree(stale, ignore_errors=True)
+        os.makedirs(path)
+    _barrier()
+    state = sharded_state_dict(model, optimizer, scheduler, settings, rt, progress, padded_vocab, is_loading=False)
+    strategy = get_default_save_sharded_strategy("torch_dist")
+    if rt.dp > 1:  # spread the replicated tensors' writes over the data-parallel ranks (Megatron-LM's default)
+        strategy = FullyParallelSaveStrategyWrapper(
+            strategy, parallel_state.get_data_parallel_group(with_context_parallel=True))
+    dist_checkpointing.save(state, path, strategy, content_metadata=dict(SHARDED_METADATA))
+    _barrier()  # every rank's shards are on disk
+    if rt.rank == 0:
+        write_tracker(ckpt_dir, progress.iteration)
+    _barrier()
+    return path, time.perf_counter() - start
+
+
+def latest(ckpt_dir: str) -> int | None:
+    """The tracker's iteration; None without a checkpoint; TrainError when the tracker is unusable."""
+    from ..checkpoint import iter_name, read_tracker
+
+    if not os.path.isdir(ckpt_dir):
+        return None
+    tracker = read_tracker(ckpt_dir)
+    if tracker.raw is None:
+        return None
+    if tracker.problem:
+        raise TrainError(f"cannot resume: {tracker.problem}")
+    if tracker.release:
+        raise TrainError(f"cannot resume from {ckpt_dir}: the tracker says 'release' (a converted or final "
+                         "checkpoint); the builtin trainer resumes only from iter_NNNNNNN checkpoints")
+    assert tracker.iteration is not None
+    if not os.path.isdir(os.path.join(ckpt_dir, iter_name(tracker.iteration))):
+        raise TrainError(f"cannot resume: the tracker points at {iter_name(tracker.iteration)}, "
+                         f"which does not exist in {ckpt_dir}")
+    return tracker.iteration
+
+
+def _inner_optimizers(optimizer: Any) -> list[tuple[Any, Any]]:
+    """(megatron optimizer, its torch optimizer) pairs, through a ChainedOptimizer."""
+    return [(opt, opt.optimizer) for opt in getattr(optimizer, "chained_optimizers", [optimizer])
+            if getattr(opt, "optimizer", None) is not None]
+
+
+def _prime_adam_steps(optimizer: Any) -> None:
+    """Before a distributed-optimizer load with torch's Adam (no Apex/TE): allocate the Adam
+    state and a `step` per parameter. Building the loading state dict calls the optimizer's
+    state_dict(), which reads state[p]["step"] and fails (KeyError) before the first step."""
+    import torch
+
+    for opt, inner in _inner_optimizers(optimizer):
+        init = getattr(opt, "init_state_fn", None)
+        if init is not None and len(inner.state) == 0:
+            init(inner, getattr(opt, "config", None))
+        for group in inner.param_groups:
+            for p in group["params"]:
+                st = inner.state[p]
+                if len(st) and "step" not in st:
+                    st["step"] = torch.tensor(0.0)
+
+
+def _restore_adam_steps(optimizer: Any) -> None:
+    """After that load: put the checkpoint's step (kept in param_groups) into every Adam state.
+
+    megatron-core 0.16's dp_reshardable load sets state[p]["step"] from param_groups first and
+    then overwrites it with the per-parameter step of the state dict built for loading (the
+    primed 0), and where it does set it, every parameter shares one tensor that torch's Adam
+    would advance once per parameter. Verified: without this the losses after a resume differ
+    from the second step on."""
+    import torch
+
+    for _opt, inner in _inner_optimizers(optimizer):
+        for group in inner.param_groups:
+            step = group.get("step")
+            if step is None:
+                continue
+            for p in group["params"]:
+                st = inner.state.get(p)
+                if st is not None and len(st):
+                    st["step"] = torch.tensor(float(step), dtype=torch.float32)
+
+
+def load(ckpt_dir: str, iteration: int, model: Any, optimizer: Any, scheduler: Any, settings: TrainSettings,
+         rt: Runtime, padded_vocab: int) -> Progress:
+    """Restore everything saved at `iteration`; the data position comes back as Progress."""
+    import torch
+    from megatron.core import dist_checkpointing
+
+    from ..checkpoint import iter_name
+
+    path = os.path.join(ckpt_dir, iter_name(iteration))
+    common = dist_checkpointing.load_common_state_dict(path)
+    saved_args = common.get("args")
+    same_layout = saved_args is not None and all(getattr(saved_args, k, None) == v for k, v in _layout(rt).items())
+    if not same_layout:
+        log.warning("%s was saved with another parallel layout: model and optimizer are resharded, "
+                    "the RNG states start fresh (the run is no longer bit-identical to an uninterrupted one)", path)
+    if settings.parallel.distributed_optimizer:
+        _prime_adam_steps(optimizer)
+    probe = Progress(iteration=iteration)
+    state = sharded_state_dict(model, optimizer, scheduler, settings, rt, probe, padded_vocab, is_loading=True,
+                               with_rng=same_layout)
+    with torch.no_grad():
+        try:
+            loaded = dist_checkpointing.load(state, path)
+        except Exception as exc:
+            raise TrainError(f"cannot load {path}: {type(exc).__name__}: {exc}") from None
+        _unwrap(model).load_state_dict(loaded["model"], strict=True)
+        optimizer.load_state_dict(loaded["optimizer"])
+    if settings.parallel.distributed_optimizer:
+        _restore_adam_steps(optimizer)
+    scheduler.load_state_dict(loaded["opt_param_scheduler"])
+    if same_layout and loaded.get("rng_state"):
+        rng = loaded["rng_state"]
+        _set_rng_state(rng[0] if isinstance(rng, list) else rng, rt)
+    args = loaded.get("args") or saved_args
+    return Progress(iteration=int(loaded["iteration"]),
+                    consumed_train_samples=int(getattr(args, "consumed_train_samples", 0)),
+                    consumed_valid_samples=int(getattr(args, "consumed_valid_samples", 0)),
+                    flops_so_far=float(loaded.get("num_floating_point_operations_so_far", 0.0)))

@@ -1,0 +1,169 @@
+"""run(settings): one rank of the builtin trainer, from process group to the last save."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+from . import TrainError
+from .settings import TrainSettings
+
+log = logging.getLogger("lingjun_slurm.train")
+
+MEGATRON_CORE_FLOOR = (0, 16, 1)
+TORCH_FLOOR = (2, 4)
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    out = []
+    for part in text.split("+")[0].split("."):
+        digits = "".join(ch for ch in part if ch.isdigit())
+        if not digits:
+            break
+        out.append(int(digits))
+        if not part.isdigit():
+            break
+    return tuple(out)
+
+
+def check_versions() -> dict[str, str]:
+    """torch, megatron-core and psutil present and new enough; TrainError with the fix otherwise."""
+    try:
+        import torch
+    except ImportError:
+        raise TrainError("torch is not installed: pip install 'lingjun-slurm[megatron]' "
+                         "(or use a container image with torch and megatron-core)") from None
+    try:
+        from megatron.core.package_info import __version__ as mcore_version
+    except ImportError:
+        raise TrainError("megatron-core is not installed: pip install 'lingjun-slurm[megatron]' "
+                         f"(megatron-core >= {'.'.join(map(str, MEGATRON_CORE_FLOOR))})") from None
+    try:
+        import psutil  # noqa: F401
+    except ImportError:
+        raise TrainError("psutil is not installed: megatron-core's checkpoint writer needs it "
+                         "(without it dist_checkpointing.save hangs); pip install psutil") from None
+    if _version_tuple(torch.__version__)[:2] < TORCH_FLOOR:
+        raise TrainError(f"torch {torch.__version__} is too old: the builtin trainer needs torch >= "
+                         f"{'.'.join(map(str, TORCH_FLOOR))}")
+    if _version_tuple(mcore_version)[:3] < MEGATRON_CORE_FLOOR:
+        raise TrainError(f"megatron-core {mcore_version} is too old: the builtin trainer needs megatron-core >= "
+                         f"{'.'.join(map(str, MEGATRON_CORE_FLOOR))} (pip install -U megatron-core)")
+    return {"torch": torch.__version__, "megatron-core": mcore_version}
+
+
+# Warnings megatron-core and torch print on every start that ask nothing of the user.
+_QUIET_WARNINGS = (
+    r".*(Apex|Transformer Engine)( and Apex)? (is|are) not installed.*",  # CPU / no-TE fallbacks
+    r"full scope is deprecated.*",  # TransformerConfig's own default cuda_graph_scope
+    r".*`load_state_dict` is deprecated.*",  # dist_checkpointing's torch.distributed.checkpoint call
+    r".*deprecating ShardedTensor.*",
+)
+
+
+def setup_logging(rank: int) -> None:
+    """Rank 0 logs INFO, the others warnings and errors; megatron-core's own INFO chatter is muted."""
+    import warnings
+
+    for pattern in _QUIET_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern)
+    fmt = f"%(asctime)s lingjun-slurm train [rank {rank}] %(levelname)s: %(message)s"
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if getattr(h, "_lingjun_train", False)]:
+        root.removeHandler(old)
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter(fmt, "%Y-%m-%d %H:%M:%S"))
+    handler._lingjun_train = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    logging.getLogger("lingjun_slurm").setLevel(logging.INFO if rank == 0 else logging.WARNING)
+
+
+def _stop_at() -> int | None:
+    """LINGJUN_TRAIN_STOP_AT=N: save and exit 0 after iteration N, as if SIGTERM arrived (tests, drills)."""
+    raw = os.environ.get("LINGJUN_TRAIN_STOP_AT", "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise TrainError(f"LINGJUN_TRAIN_STOP_AT={raw!r} is not an iteration number >= 1")
+    return int(raw)
+
+
+def run(settings: TrainSettings) -> int:
+    """Train (or resume) to settings.training.iterations; 0 when done or stopped by a signal."""
+    from . import ckpt, data, runtime  # light: torch and megatron are imported further down
+    from .loop import StopFlag
+
+    env = runtime.dist_env()
+    setup_logging(env.rank)
+    total = settings.training.iterations
+    start_iter = ckpt.latest(settings.checkpoint.dir)
+    if start_iter is not None and start_iter >= total:
+        log.info("checkpoint %s is at iteration %d of %d: nothing to train", settings.checkpoint.dir, start_iter, total)
+        return 0
+    data.check_prefix(settings.data.prefix)
+    stop_at = _stop_at()
+    versions = check_versions()
+    tokenizer = data.dataset_tokenizer(settings.data.tokenizer)
+
+    from . import metrics, model, optim
+    from .loop import Trainer, _configure_model_hooks, train
+
+    stop_flag = StopFlag()
+    stop_flag.install()  # before the slow setup: a signal during it still ends in a clean save
+    mx: metrics.Metrics | None = None
+    try:
+        import torch
+
+        rt = runtime.start(settings, env)
+        mx = metrics.Metrics(settings.metrics_path, settings.run_id, enabled=rt.rank == 0,
+                             log_interval=settings.training.log_interval)
+        vocab = model.padded_vocab_size(max(tokenizer.vocab_size, settings.model.vocab_size or 0), rt.tp)
+        ddp, _config, spec_name = model.build(settings, rt, vocab)
+        optimizer = optim.build_optimizer(settings, rt, ddp)
+        scheduler = optim.build_scheduler(settings, optimizer)
+        _configure_model_hooks(ddp, optimizer)
+        t0 = time.perf_counter()
+        train_ds, valid_ds = data.build_datasets(settings, tokenizer)
+        log.info("datasets: %d train samples%s over %s (%.1f s)", len(train_ds),
+                 f", {len(valid_ds)} validation samples" if valid_ds is not None else ", no validation split",
+                 settings.data.prefix, time.perf_counter() - t0)
+        dp_rank = rt.dp_rank
+        train_batches = data.Batches(train_ds, settings.parallel.micro_batch, rt.dp, dp_rank, rt.device)
+        valid_batches = (data.Batches(valid_ds, settings.parallel.micro_batch, rt.dp, dp_rank, rt.device)
+                         if valid_ds is not None else None)
+        device_name = torch.cuda.get_device_name() if rt.use_cuda else None
+        tr = Trainer(settings, rt, ddp, optimizer, scheduler, train_batches, valid_batches, vocab,
+                     metrics.flops_per_sample(settings.model, vocab), metrics.peak_tflops(device_name))
+        if start_iter is not None:
+            t0 = time.perf_counter()
+            tr.progress = ckpt.load(settings.checkpoint.dir, start_iter, ddp, optimizer, scheduler, settings, rt, vocab)
+            log.info("resumed from %s/iter_%07d (consumed samples %d) in %.2f s", settings.checkpoint.dir,
+                     start_iter, tr.progress.consumed_train_samples, time.perf_counter() - t0)
+        params = model.count_parameters(ddp)
+        log.info("GPT %d layers, hidden %d, %d heads, vocab %d (padded from %d), seq %d: %s parameters on this rank; "
+                 "world %d = TP %d x PP %d x CP %d x DP %d; %s, %s, %s layer spec, %s; torch %s, megatron-core %s",
+                 settings.model.num_layers, settings.model.hidden_size, settings.model.num_attention_heads, vocab,
+                 tokenizer.vocab_size, settings.model.seq_length, f"{params:,}", rt.world_size, rt.tp, rt.pp, rt.cp,
+                 rt.dp, device_name or "CPU", rt.backend, spec_name, rt.dtype_name, versions["torch"],
+                 versions["megatron-core"])
+        if rt.cpu_compat:
+            log.info("CPU mode: gloo, fp32, megatron-core's CUDA-only calls redirected "
+                     "(lingjun_slurm.train.cpu_compat)")
+        mx.record("start", iteration=tr.progress.iteration, world_size=rt.world_size, tp=rt.tp, pp=rt.pp, cp=rt.cp,
+                  dp=rt.dp, device=device_name or "cpu", precision=rt.dtype_name, layer_spec=spec_name,
+                  parameters=params, padded_vocab_size=vocab,
+                  tokens_per_step=settings.parallel.global_batch * settings.model.seq_length,
+                  pid=os.getpid())
+        ckpt.start_writer_manager()
+        reason = train(tr, mx, stop_flag, stop_at=stop_at)
+        mx.record("stop", iteration=tr.progress.iteration, reason=reason)
+        return 0
+    finally:
+        stop_flag.uninstall()
+        if mx is not None:
+            mx.close()
+        runtime.stop()  # also undoes cpu_compat

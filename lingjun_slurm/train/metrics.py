@@ -1,0 +1,112 @@
+"""Metrics: one JSON object per line in {workdir}/runs/{run_id}/metrics.jsonl (rank 0 only),
+and human-readable log lines every log_interval.
+
+Records (all have "type", "time" (UNIX seconds) and "run_id"):
+  start  iteration (resumed from, 0 when fresh), world_size, tp/pp/cp/dp, device, precision,
+         layer_spec, parameters, padded_vocab_size, tokens_per_step
+  train  iteration, loss, lr, grad_norm, step_time_s, tokens_per_s, consumed_samples,
+         and on GPUs tflops_per_gpu and mfu (when the GPU is in PEAK_BF16_TFLOPS)
+  eval   iteration, loss, ppl, eval_iters
+  save   iteration, seconds, path
+  stop   iteration, reason ("done" | "signal" | "already done")
+A restart repeats the steps after the checkpoint it resumed from: a later "train" record for
+the same iteration supersedes an earlier one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from typing import Any, TextIO
+
+from .settings import ModelSettings
+
+log = logging.getLogger(__name__)
+
+# Dense BF16/FP16 tensor-core peak per GPU (TFLOP/s, no sparsity), matched on torch.cuda.get_device_name().
+PEAK_BF16_TFLOPS: tuple[tuple[str, float], ...] = (
+    ("GB200", 2500.0), ("B200", 2250.0), ("H200", 989.0), ("H100 PCIe", 756.0), ("H100", 989.0),
+    ("H800", 989.0), ("H20", 148.0), ("A100", 312.0), ("A800", 312.0), ("L40S", 362.0), ("A10", 125.0),
+)
+
+
+def peak_tflops(device_name: str | None) -> float | None:
+    if not device_name:
+        return None
+    for key, value in PEAK_BF16_TFLOPS:
+        if key in device_name:
+            return value
+    return None
+
+
+def flops_per_sample(m: ModelSettings, padded_vocab: int) -> float:
+    """Megatron-LM's num_floating_point_operations for one sequence (dense GPT; fwd + bwd = 3 x fwd)."""
+    kv_channels = m.hidden_size // m.num_attention_heads
+    q_ratio = kv_channels * m.num_attention_heads / m.hidden_size
+    gated = 1.5 if m.activation == "swiglu" else 1.0
+    return (12 * m.seq_length * m.num_layers * m.hidden_size ** 2 * (
+        (1 + m.num_query_groups / m.num_attention_heads + m.seq_length / m.hidden_size) * q_ratio
+        + (m.ffn_hidden_size / m.hidden_size) * gated
+        + padded_vocab / (2 * m.num_layers * m.hidden_size)))
+
+
+class Metrics:
+    """Writes metrics.jsonl and log lines; a no-op writer on ranks other than 0."""
+
+    def __init__(self, path: str, run_id: str, enabled: bool, log_interval: int) -> None:
+        self.path, self.run_id, self.enabled, self.log_interval = path, run_id, enabled, max(1, log_interval)
+        self._fh: TextIO | None = None
+        self._window: list[dict[str, Any]] = []
+        if enabled:
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            self._fh = open(path, "a", encoding="utf-8")
+
+    def record(self, kind: str, **fields: Any) -> None:
+        if not self._fh:
+            return
+        rec = {"type": kind, "time": round(time.time(), 3), "run_id": self.run_id, **fields}
+        self._fh.write(json.dumps(rec, allow_nan=True) + "\n")
+        self._fh.flush()
+
+    def train(self, total_iterations: int, **fields: Any) -> None:
+        if not self.enabled:
+            return
+        self.record("train", **fields)
+        self._window.append(fields)
+        it = fields["iteration"]
+        if it % self.log_interval == 0 or it == total_iterations:
+            self._log_window(total_iterations)
+
+    def _log_window(self, total: int) -> None:
+        w, self._window = self._window, []
+        if not w:
+            return
+        last = w[-1]
+        loss = sum(r["loss"] for r in w) / len(w)
+        step_ms = 1000 * sum(r["step_time_s"] for r in w) / len(w)
+        tps = sum(r["tokens_per_s"] for r in w) / len(w)
+        parts = [f"iteration {last['iteration']:>8d}/{total}", f"loss {loss:.6f}", f"lr {last['lr']:.3e}"]
+        if last.get("grad_norm") is not None:
+            parts.append(f"grad norm {last['grad_norm']:.3f}")
+        parts += [f"{step_ms:.1f} ms/step", f"{tps:,.0f} tokens/s"]
+        if last.get("tflops_per_gpu") is not None:
+            parts.append(f"{last['tflops_per_gpu']:.1f} TFLOP/s/GPU")
+        if last.get("mfu") is not None:
+            parts.append(f"MFU {100 * last['mfu']:.1f}%")
+        text = " | ".join(parts)
+        log.info(text)
+
+    def eval(self, iteration: int, loss: float, eval_iters: int) -> None:
+        if not self.enabled:
+            return
+        ppl = math.exp(min(loss, 50.0)) if math.isfinite(loss) else float("nan")
+        self.record("eval", iteration=iteration, loss=loss, ppl=ppl, eval_iters=eval_iters)
+        log.info(f"validation at iteration {iteration} | loss {loss:.6f} | ppl {ppl:.3f}")
+
+    def close(self) -> None:
+        if self._fh:
+            self._fh.close()
+            self._fh = None
