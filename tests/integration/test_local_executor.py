@@ -167,13 +167,26 @@ def test_status_watch_returns_once_every_stage_has_ended(tmp_path: Path, env: di
     assert out.rstrip().splitlines()[-1].split()[2] == "COMPLETED"
 
 
-def test_readme_quick_start_runs(env: dict[str, str]) -> None:
-    """The README's first command, after its install step: the command-chain example, locally."""
+def test_readme_main_job_runs_end_to_end(tmp_path: Path, env: dict[str, str]) -> None:
+    """The README's main command: examples/tiny-gpt.yaml with the local executor (moved to a temporary
+    workdir so earlier runs' checkpoints do not make it resume): every stage completes, the loss
+    falls clearly, the checkpoint verifies."""
     repo = Path(__file__).resolve().parents[2]
     readme = (repo / "README.md").read_text()
-    assert "lingjun-slurm submit examples/command-chain.yaml --executor local" in readme
-    proc = subprocess.run([PY, "-m", "lingjun_slurm.cli", "submit", "examples/command-chain.yaml", "--executor",
-                           "local"], cwd=repo, env={**os.environ, **env}, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "lingjun-slurm submit examples/tiny-gpt.yaml --executor local" in readme
+    text = (repo / "examples" / "tiny-gpt.yaml").read_text().replace("/tmp/lingjun-slurm/tiny-gpt", str(tmp_path / "w"))
+    spec = tmp_path / "tiny-gpt.yaml"
+    spec.write_text(text)
+    proc = subprocess.run([PY, "-m", "lingjun_slurm.cli", "submit", str(spec), "--executor", "local"],
+                          env={**os.environ, "PATH": f"{os.path.dirname(PY)}:{os.environ['PATH']}", **env},
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run_id = submitted_run_id(proc.stdout)
-    assert "words in the Zen of Python: 1" in cli("logs", run_id, "report", env=env).stdout
+    stages = status(run_id, env)
+    assert [s["state"] for s in stages.values()] == ["COMPLETED"] * 5
+    records = [json.loads(line) for line in (tmp_path / "w" / "runs" / run_id / "metrics.jsonl").read_text()
+               .splitlines()]
+    train = {r["iteration"]: r["loss"] for r in records if r["type"] == "train"}
+    first, last = train[min(train)], train[max(train)]
+    assert max(train) == 300 and last < first - 3.0, (first, last)
+    assert "manifest written" in cli("logs", run_id, "checkpoint", env=env).stdout

@@ -59,7 +59,7 @@ def test_render_stage_prints_one_script(capsys) -> None:
     assert code == 0 and out.startswith("#!/bin/bash") and "#SBATCH --job-name=tiny-gpt-train" in out
     assert "set -euo pipefail" in out and "--requeue" in out and "--signal=B:USR1@60" in out
     code, _, err = run_cli(capsys, "render", str(TINY), "--stage", "nope")
-    assert code == 2 and "stages: preprocess, merge, train, checkpoint" in err
+    assert code == 2 and "stages: make-corpus, preprocess, merge, train, checkpoint" in err
 
 
 def test_render_usage_errors(capsys) -> None:

@@ -74,8 +74,8 @@ def test_submit_releases_the_whole_chain(tmp_path: Path, capsys) -> None:
     assert proc.returncode == 0, proc.stderr
     log = (tmp_path / "log").read_text().splitlines()
     assert all("--parsable --hold" in line for line in log if line.startswith("sbatch"))
-    assert "sbatch --parsable --hold --dependency=afterok:101 merge.sbatch" in log
-    assert log[-1] == "scontrol release 101,102,103,104"
+    assert "sbatch --parsable --hold --dependency=afterok:102 merge.sbatch" in log
+    assert log[-1] == "scontrol release 101,102,103,104,105"
 
 
 def test_time_limit_signal_saves_and_requeues(tmp_path: Path, capsys) -> None:
@@ -111,7 +111,7 @@ def test_no_requeue_when_training_is_complete(tmp_path: Path, capsys) -> None:
     stub(bindir, "scontrol", 'echo "scontrol $*" >> "$LOG"\n')
     ckpt.mkdir(parents=True, exist_ok=True)
     tracker = ckpt / "latest_checkpointed_iteration.txt"
-    tracker.write_text("40\n")
+    tracker.write_text("300\n")
     try:
         proc = subprocess.run(["bash", str(out / "train.sbatch")], env=env_for(tmp_path, out), capture_output=True,
                               text=True)
