@@ -126,13 +126,15 @@ def test_a_requeued_train_job_resumes_bit_for_bit(tmp_path: Path, slurm_env: dic
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_time_limit_signal_save_requeue_finish(tmp_path: Path, slurm_env: dict[str, str]) -> None:
-    """A 1-minute limit with a 60 s grace: Slurm's USR1 (delivered at its ~30 s check) reaches the
-    script, the trainer saves on SIGTERM and exits 0, the script requeues itself; the restarts
-    finish the iterations. Slow: Slurm delivers the signal at a coarse interval."""
-    spec = gpt_spec(tmp_path, "limit", iterations=4000, save_interval=1000, time_limit="00:01:00", max_restarts=8)
+    """A 3-minute limit with a 60 s grace (the smallest pair the spec accepts: the grace must be under
+    half the limit): Slurm's USR1 (delivered at its ~30 s check, so 60-90 s before the end) reaches
+    the script, the trainer saves on SIGTERM and exits 0, the script requeues its own job. Slow:
+    about three minutes."""
+    spec = gpt_spec(tmp_path, "limit", iterations=100000, save_interval=50000, time_limit="00:03:00",
+                    max_restarts=8)
     run_id = submitted_run_id(cli("submit", str(spec), "--executor", "slurm", env=slurm_env).stdout)
     stages = wait_for(run_id, slurm_env, lambda s: s["train"]["restarts"] >= 1 or s["train"]["state"] in ENDED,
-                      timeout=240)
+                      timeout=420)
     log = cli("logs", run_id, "train", env=slurm_env).stdout
     assert "time limit in 60 s" in log and "requeueing" in log, log[-3000:]
     assert stages["train"]["restarts"] >= 1
