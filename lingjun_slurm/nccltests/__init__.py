@@ -1,0 +1,1 @@
+"""Parsers for NVIDIA nccl-tests output (text tables and ``-J`` JSON files)."""
