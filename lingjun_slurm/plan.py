@@ -23,10 +23,14 @@ PLAN_SCHEMA = 1
 EXECUTORS = ("slurm", "local")
 PLAN_VAR = Shell('"$PLAN"')
 PYTHON = "python3"
-# Each task learns its torch.distributed identity from Slurm inside the srun step.
+# Each task learns its torch.distributed identity from Slurm inside the srun step, and puts the
+# code shipped with the run (LINGJUN_SITE, set by built-in stages) first on the image's own
+# PYTHONPATH: inside the container, so an image's PYTHONPATH (e.g. a Megatron-LM checkout) stays.
 TASK_WRAPPER: tuple[Word, ...] = (
     "bash", "-c",
-    'export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" WORLD_SIZE="$SLURM_NTASKS"; exec "$@"',
+    'export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" WORLD_SIZE="$SLURM_NTASKS"; '
+    'if [ -n "${LINGJUN_SITE:-}" ]; then export PYTHONPATH="$LINGJUN_SITE${PYTHONPATH:+:$PYTHONPATH}"; fi; '
+    'exec "$@"',
     "lingjun-task",
 )
 
@@ -295,7 +299,8 @@ def build_plan(spec: Spec, *, run_id: str | None = None, spec_sha256: str = "", 
             sbatch=_sbatch(spec, job_name, res, logs, array=array, dependent=bool(deps), train=kind == "train"),
             depends_on=deps, resources=res, env=env, network=stage_net,
             launcher=(_launcher(spec, kind, env_names(env, stage_net, kind == "train")
-                                + (["PYTHONPATH"] if kind != "command" and spec.run.ship_code else []), use_container)
+                                + (["LINGJUN_SITE"] if kind != "command" and spec.run.ship_code else []),
+                                use_container)
                       if executor == "slurm" else local_launcher(res, kind)),
             commands=cmds, container=use_container,
             array=array, vars={**vars_, "ship_code": kind != "command" and spec.run.ship_code and executor == "slurm"},

@@ -53,8 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"lingjun-slurm: {args.stage} stage, lingjun_slurm {__version__} from {os.path.dirname(package_file)}, "
           f"python {sys.version.split()[0]} ({sys.executable})", flush=True)
     if not os.environ.get("LINGJUN_SKIP_RUNTIME_CHECK"):
-        tokenizer = ((plan.get("settings") or {}).get("data") or {}).get("tokenizer") or {}
-        problem = check(args.stage, tokenizer.get("type"))
+        settings = plan.get("settings") or {}
+        tokenizer = (settings.get("data") or {}).get("tokenizer") or {}
+        problem = check(args.stage, tokenizer.get("type"), (settings.get("checkpoint") or {}).get("copy_to"))
         if problem:
             print(problem, file=sys.stderr)
             return 1

@@ -32,14 +32,44 @@ def installed(dist: str) -> Optional[str]:
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
+        pass
+    if dist == "megatron-core":
+        return _megatron_core_from_source()
+    return None
+
+
+def _megatron_core_from_source() -> Optional[str]:
+    """A Megatron-LM checkout on PYTHONPATH has megatron.core without package metadata: read its
+    version from megatron/core/package_info.py without importing it (that would import torch)."""
+    from importlib.util import find_spec
+
+    try:
+        spec = find_spec("megatron.core")
+    except (ImportError, ValueError):
         return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    import os
+
+    for where in spec.submodule_search_locations:
+        try:
+            with open(os.path.join(where, "package_info.py"), encoding="utf-8") as fh:
+                text = fh.read()
+        except OSError:
+            continue
+        parts = {k: v for k, v in re.findall(r"^(MAJOR|MINOR|PATCH)\s*=\s*(\d+)", text, re.M)}
+        if {"MAJOR", "MINOR", "PATCH"} <= parts.keys():
+            return f"{parts['MAJOR']}.{parts['MINOR']}.{parts['PATCH']}"
+    return None
 
 
-def problems(stage: str, tokenizer_type: Optional[str] = None) -> list[str]:
+def problems(stage: str, tokenizer_type: Optional[str] = None, copy_to: Optional[str] = None) -> list[str]:
     """Missing or too-old packages for a stage, as sentences (empty when all fit)."""
     wanted = dict(REQUIREMENTS.get(stage, {}))
     if stage in ("preprocess", "train") and tokenizer_type in TOKENIZER_DISTS:
         wanted[TOKENIZER_DISTS[tokenizer_type]] = "0.1"
+    if stage == "checkpoint" and copy_to and "://" in copy_to:
+        wanted["fsspec"] = "2023.1"  # the lingjun-slurm[remote] extra, plus the protocol's package
     out = []
     for dist, floor in wanted.items():
         have = installed(dist)
@@ -50,9 +80,9 @@ def problems(stage: str, tokenizer_type: Optional[str] = None) -> list[str]:
     return out
 
 
-def check(stage: str, tokenizer_type: Optional[str] = None) -> Optional[str]:
+def check(stage: str, tokenizer_type: Optional[str] = None, copy_to: Optional[str] = None) -> Optional[str]:
     """One message for the user, or None."""
-    found = problems(stage, tokenizer_type)
+    found = problems(stage, tokenizer_type, copy_to)
     if not found:
         return None
     import sys

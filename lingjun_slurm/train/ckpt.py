@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import random
 import shutil
 import time
@@ -207,8 +208,9 @@ def save(ckpt_dir: str, model: Any, optimizer: Any, scheduler: Any, settings: Tr
         os.makedirs(ckpt_dir, exist_ok=True)
         if os.path.exists(path):
             tracker = read_tracker(ckpt_dir)
-            if tracker.iteration == progress.iteration:
-                raise TrainError(f"{path} is the tracker's checkpoint; refusing to overwrite it")
+            if tracker.iteration is None or tracker.iteration >= progress.iteration:
+                raise TrainError(f"{path} exists and is not newer than the tracker's checkpoint "
+                                 f"({tracker.name or tracker.problem}); refusing to overwrite it")
             log.warning("removing %s: an unfinished save (newer than the tracker)", path)
             stale = f"{path}.lingjun-stale-{os.getpid()}"
             os.rename(path, stale)
@@ -236,7 +238,15 @@ def latest(ckpt_dir: str) -> int | None:
         return None
     tracker = read_tracker(ckpt_dir)
     if tracker.raw is None:
-        return None
+        found = sorted(n for n in os.listdir(ckpt_dir) if re.fullmatch(r"iter_\d{7}", n))
+        missing = not os.path.exists(tracker.path)
+        if missing and not found:
+            return None
+        # Iteration directories without a readable tracker: starting from 0 would later delete
+        # them as "unfinished saves". Make the user decide.
+        raise TrainError(f"cannot resume: {tracker.problem}; {ckpt_dir} holds {', '.join(found[-3:]) or 'no'} "
+                         "iteration directories. Restore the tracker (`lingjun-slurm checkpoint list DIR` shows "
+                         "which are complete) or move the directory aside to start from scratch")
     if tracker.problem:
         raise TrainError(f"cannot resume: {tracker.problem}")
     if tracker.release:

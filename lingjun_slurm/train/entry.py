@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import logging
 import os
 import sys
@@ -20,10 +22,10 @@ TORCH_FLOOR = (2, 4)
 def _version_tuple(text: str) -> tuple[int, ...]:
     out = []
     for part in text.split("+")[0].split("."):
-        digits = "".join(ch for ch in part if ch.isdigit())
-        if not digits:
+        match = re.match(r"\d+", part)  # "1rc1" -> 1: the leading digits only
+        if not match:
             break
-        out.append(int(digits))
+        out.append(int(match.group()))
         if not part.isdigit():
             break
     return tuple(out)

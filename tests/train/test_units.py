@@ -136,3 +136,17 @@ def test_version_floor_message(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(info, "__version__", "0.15.2")
     with pytest.raises(TrainError, match=r"megatron-core 0.15.2 is too old: .* >= 0.16.1"):
         check_versions()
+
+
+def test_resume_refuses_iteration_directories_without_a_tracker(tmp_path) -> None:
+    """Starting from 0 here would later delete iter_0000100 as an 'unfinished save'."""
+    import pytest as _pytest
+
+    from lingjun_slurm.train import TrainError
+    from lingjun_slurm.train.ckpt import latest
+
+    assert latest(str(tmp_path / "none")) is None
+    assert latest(str(tmp_path)) is None  # empty directory: a fresh start
+    (tmp_path / "iter_0000100").mkdir()
+    with _pytest.raises(TrainError, match="iter_0000100"):
+        latest(str(tmp_path))

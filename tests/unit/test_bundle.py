@@ -86,3 +86,49 @@ def test_stage_entry_in_a_python_without_the_stack_says_what_is_missing(tmp_path
 def test_runtime_schema_matches_the_plan() -> None:
     assert runtime.PLAN_SCHEMA == PLAN_SCHEMA
     assert runtime.check("merge") is None  # this venv has the whole stack
+
+
+def test_task_wrapper_prepends_the_shipped_code_to_the_images_pythonpath() -> None:
+    """Inside the container the image's PYTHONPATH (e.g. a Megatron-LM checkout) must survive."""
+    from lingjun_slurm.plan import TASK_WRAPPER
+
+    env = {"PATH": "/usr/bin:/bin", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "1",
+           "LINGJUN_SITE": "/run/site", "PYTHONPATH": "/workspace/Megatron-LM"}
+    argv = [str(w) for w in TASK_WRAPPER] + ["sh", "-c", 'echo "$PYTHONPATH"']
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "/run/site:/workspace/Megatron-LM"
+    env.pop("LINGJUN_SITE")
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "/workspace/Megatron-LM"
+
+
+def test_rendered_container_env_passes_the_site_not_pythonpath(capsys) -> None:
+    from lingjun_slurm.cli import main
+    from tests.conftest import REPO
+
+    with pytest.raises(SystemExit):
+        main(["render", str(REPO / "examples" / "megatron-gpt.yaml"), "--stage", "train"])
+        raise SystemExit(0)
+    script = capsys.readouterr().out
+    env_line = next(line for line in script.splitlines() if "--container-env=" in line)
+    assert "LINGJUN_SITE" in env_line and "PYTHONPATH" not in env_line.split("--container-env=")[1]
+
+
+def test_megatron_core_found_in_a_checkout_without_package_metadata(tmp_path: Path) -> None:
+    """An image with Megatron-LM on PYTHONPATH but no megatron-core distribution: the version comes
+    from megatron/core/package_info.py (read, not imported)."""
+    bare = Path(sys.base_prefix) / "bin" / "python3"
+    if subprocess.run([str(bare), "-c", "import megatron"], capture_output=True).returncode == 0:
+        pytest.skip("the base interpreter has megatron")
+    core = tmp_path / "mlm" / "megatron" / "core"
+    core.mkdir(parents=True)
+    (tmp_path / "mlm" / "megatron" / "__init__.py").write_text("")
+    (core / "__init__.py").write_text("raise RuntimeError('must not be imported')\n")
+    (core / "package_info.py").write_text("MAJOR = 0\nMINOR = 16\nPATCH = 1\nPRE_RELEASE = ''\n")
+    site = tmp_path / "site"
+    ship(LocalTransport(), str(tmp_path / "run"), [])
+    site = tmp_path / "run" / "site"
+    code = "from lingjun_slurm.stages.runtime import installed; print(installed('megatron-core'))"
+    out = subprocess.run([str(bare), "-c", code], env={"PYTHONPATH": f"{site}:{tmp_path / 'mlm'}"}, cwd=tmp_path,
+                         capture_output=True, text=True)
+    assert out.stdout.strip() == "0.16.1", out.stderr

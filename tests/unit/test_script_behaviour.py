@@ -82,7 +82,8 @@ def test_time_limit_signal_saves_and_requeues(tmp_path: Path, capsys) -> None:
     """USR1 to the batch shell -> SIGTERM to the steps via scancel -> wait -> scontrol requeue."""
     out = render(tmp_path, capsys)
     bindir = tmp_path / "bin"
-    stub(bindir, "srun", 'echo $$ > "$LOG.srun"\ntrap \'echo "srun task got TERM, saving" >> "$LOG"; exit 0\' TERM\n'
+    # The trap is set before the pid is published: the test signals only once the pid exists.
+    stub(bindir, "srun", 'trap \'echo "srun task got TERM, saving" >> "$LOG"; exit 0\' TERM\necho $$ > "$LOG.srun"\n'
                          'for _ in $(seq 300); do sleep 0.1; done\nexit 3\n')
     stub(bindir, "scancel", 'echo "scancel $*" >> "$LOG"\n'
                             '[ "$1" = "--signal=TERM" ] && kill -TERM "$(cat "$LOG.srun")"\n')
