@@ -53,6 +53,14 @@ def validate(spec_file: Path) -> None:
     click.echo(f"{spec_file}: valid; stages: {names}")
 
 
+def check_run_id(run_id: Optional[str]) -> None:
+    """--run-id becomes job names and a directory name: NAME_RE only (no quoting is possible there)."""
+    from .spec.models import NAME_RE
+
+    if run_id is not None and not re.fullmatch(NAME_RE, run_id):
+        raise UsageError(f"--run-id {run_id!r}: use letters, digits, '.', '_' and '-' only (at most 63)")
+
+
 def _reproduce(spec_file: Path, outdir: Optional[Path], run_id: Optional[str], executor: str = "slurm") -> str:
     argv = ["lingjun-slurm", "render", str(spec_file)]
     if outdir is not None:
@@ -78,10 +86,7 @@ def render(spec_file: Path, outdir: Optional[Path], stage_name: Optional[str], r
     from .plan import build_plan
     from .render import render_plan, render_stage, write_files
     from .spec import load_spec
-    from .spec.models import NAME_RE
-
-    if run_id is not None and not re.fullmatch(NAME_RE, run_id):
-        raise UsageError(f"--run-id {run_id!r}: use letters, digits, '.', '_' and '-' only")
+    check_run_id(run_id)
     if outdir is None and stage_name is None:
         raise UsageError("give -o DIR to write the scripts, or --stage NAME to print one")
     loaded = load_spec(spec_file)

@@ -50,13 +50,10 @@ def submit(spec_file: Path, executor: str, run_id: Optional[str], dry_run: bool,
     """Validate, render and submit the whole chain (all-or-nothing); print the run id."""
     from .runs.index import RunIndex
     from .spec import load_spec
-    from .spec.models import NAME_RE
+    from .cli import check_run_id
     from .submit import dry_run_lines, new_run_id, prepare, prepare_local, submit_slurm
     from .transport import LocalTransport
-    import re
-
-    if run_id is not None and not re.fullmatch(NAME_RE, run_id):
-        raise UsageError(f"--run-id {run_id!r}: use letters, digits, '.', '_' and '-' only (at most 63)")
+    check_run_id(run_id)
     loaded = load_spec(spec_file)
     chosen = _pick_executor(executor)
     if detach and chosen != "local":

@@ -28,11 +28,11 @@ from .runs.index import RunIndex, entry_for
 from .runs.manifest import (Attempt, ClusterRecord, DependencyRecord, Manifest, SpecRecord, StageRecord, TransportRecord,
                             current_user, load_manifest, locked_manifest, save_manifest)
 from .slurm.client import SlurmCLI
+from .status import ACTIVE
 from .spec.load import LoadedSpec, parse_spec
 from .transport.base import Transport
 
 Echo = Callable[[str], None]
-ACTIVE_STATES = ("PENDING", "RUNNING", "REQUEUED", "SUSPENDED", "CONFIGURING", "COMPLETING", "RESIZING")
 
 
 def new_run_id(name: str, now: Optional[float] = None) -> str:
@@ -297,12 +297,12 @@ def resubmit_slurm(t: Transport, run_dir: str, stage: str, state_of: Callable[[s
         if rec.name in names:
             continue
         state = state_of(rec.name)
-        if state in ACTIVE_STATES:
+        if state in ACTIVE:
             known[rec.name] = rec.job_ids
         elif state != "COMPLETED" and any(d.stage == rec.name for n in names for d in manifest.stage(n).depends_on):
             raise UsageError(f"stage {rec.name} of run {manifest.run_id} is {state or 'UNKNOWN'}, and {stage} "
                              f"depends on it: use `resubmit {manifest.run_id} --from {rec.name}`")
-    active_old = {n: manifest.stage(n).job_ids for n in names if state_of(n) in ACTIVE_STATES}
+    active_old = {n: manifest.stage(n).job_ids for n in names if state_of(n) in ACTIVE}
     sched = SlurmCLI(t)
     write_run_dir(t, prep)
     shipped = ship_code(t, prep)

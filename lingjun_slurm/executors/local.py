@@ -88,6 +88,9 @@ class LocalRunner:
         self.run_dir = run_dir
         self.fs = LocalTransport()
         self.manifest: Manifest = load_manifest(self.fs, run_dir)
+        # Each stage script is read once: its #SBATCH lines give the log pattern, tasks and CPUs.
+        self.scripts = {rec.name: Path(run_dir, rec.script).read_text(encoding="utf-8")
+                        for rec in self.manifest.stages}
         self.echo = echo
         self.max_parallel = max_parallel or os.cpu_count() or 1
         self.host = socket.gethostname()
@@ -103,8 +106,7 @@ class LocalRunner:
             if previous is not None and rec.name in self.keep:
                 tasks += [t for t in previous.tasks if t.stage == rec.name]
                 continue
-            text = Path(self.run_dir, rec.script).read_text(encoding="utf-8")
-            pattern = sbatch_option(text, "output") or "slurm-%j.out"
+            pattern = sbatch_option(self.scripts[rec.name], "output") or "slurm-%j.out"
             job_id = rec.job_ids[0]
             indices: list[Optional[int]] = list(array_indices(rec.array)) if rec.array else [None]
             for i in indices:
@@ -137,7 +139,7 @@ class LocalRunner:
         return True
 
     def _env(self, rec: StageRecord, task: TaskState) -> dict[str, str]:
-        text = Path(self.run_dir, rec.script).read_text(encoding="utf-8")
+        text = self.scripts[rec.name]
         ntasks_per_node = sbatch_option(text, "ntasks-per-node") or "1"
         bindir = os.path.dirname(sys.executable)
         # A job sees only the SLURM_* variables of its own (emulated) allocation, never those of

@@ -24,8 +24,17 @@ REQUIREMENTS: dict[str, dict[str, str]] = {
 TOKENIZER_DISTS = {"huggingface": "tokenizers", "gpt2-bpe": "tokenizers", "sentencepiece": "sentencepiece"}
 
 
-def _parse(version: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", version.split("+")[0])[:3])
+def version_tuple(version: str) -> tuple[int, ...]:
+    """Release numbers of a version: "2.13.0+cpu" -> (2, 13, 0), "0.16.1rc1" -> (0, 16, 1), "25.04" -> (25, 4)."""
+    out: list[int] = []
+    for part in version.split("+")[0].split(".")[:3]:
+        match = re.match(r"\d+", part)
+        if not match:
+            break
+        out.append(int(match.group()))
+        if match.end() != len(part):  # a pre-release suffix ends the release numbers
+            break
+    return tuple(out)
 
 
 def installed(dist: str) -> Optional[str]:
@@ -75,7 +84,7 @@ def problems(stage: str, tokenizer_type: Optional[str] = None, copy_to: Optional
         have = installed(dist)
         if have is None:
             out.append(f"{dist}>={floor} is not installed")
-        elif _parse(have) < _parse(floor):
+        elif version_tuple(have) < version_tuple(floor):
             out.append(f"{dist} {have} is older than the {floor} this stage needs")
     return out
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 
 import logging
 import os
@@ -13,22 +12,12 @@ from typing import Any
 from . import TrainError
 from .settings import TrainSettings
 
+from ..stages.runtime import version_tuple
+
 log = logging.getLogger("lingjun_slurm.train")
 
 MEGATRON_CORE_FLOOR = (0, 16, 1)
 TORCH_FLOOR = (2, 4)
-
-
-def _version_tuple(text: str) -> tuple[int, ...]:
-    out = []
-    for part in text.split("+")[0].split("."):
-        match = re.match(r"\d+", part)  # "1rc1" -> 1: the leading digits only
-        if not match:
-            break
-        out.append(int(match.group()))
-        if not part.isdigit():
-            break
-    return tuple(out)
 
 
 def check_versions() -> dict[str, str]:
@@ -48,10 +37,10 @@ def check_versions() -> dict[str, str]:
     except ImportError:
         raise TrainError("psutil is not installed: megatron-core's checkpoint writer needs it "
                          "(without it dist_checkpointing.save hangs); pip install psutil") from None
-    if _version_tuple(torch.__version__)[:2] < TORCH_FLOOR:
+    if version_tuple(torch.__version__)[:2] < TORCH_FLOOR:
         raise TrainError(f"torch {torch.__version__} is too old: the builtin trainer needs torch >= "
                          f"{'.'.join(map(str, TORCH_FLOOR))}")
-    if _version_tuple(mcore_version)[:3] < MEGATRON_CORE_FLOOR:
+    if version_tuple(mcore_version)[:3] < MEGATRON_CORE_FLOOR:
         raise TrainError(f"megatron-core {mcore_version} is too old: the builtin trainer needs megatron-core >= "
                          f"{'.'.join(map(str, MEGATRON_CORE_FLOOR))} (pip install -U megatron-core)")
     return {"torch": torch.__version__, "megatron-core": mcore_version}
