@@ -95,6 +95,13 @@ def profiles_reference() -> str:
         out += ["| variable | value | why |", "|---|---|---|"]
         out += [f"| `{v.name}` | `{v.value}` | {v.reason} |" for v in prof.env]
         out.append("")
+        for ref in prof.nccl_references:
+            out += [f"nccl-tests reference (`lingjun-slurm nccl-test` verdict, docs/nccl-tests.md): `{ref.op}_perf` "
+                    f"busbw >= {ref.busbw_gbps:g} GB/s at {ref.size} on {ref.nodes} node(s) x {ref.gpus_per_node} "
+                    f"GPUs. Source: {ref.source}.", ""]
+        if not prof.nccl_references:
+            out += ["nccl-tests reference: none published; `lingjun-slurm nccl-test` reports the measurement "
+                    "without a verdict (docs/nccl-tests.md).", ""]
     return "\n".join(out)
 
 

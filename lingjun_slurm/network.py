@@ -14,7 +14,7 @@ from .errors import UsageError
 from .presets import load
 from .shell import quote
 
-__all__ = ["FORMATS", "EnvVar", "NetworkEnv", "Profile", "get_profile", "profile_for_instance", "profiles",
+__all__ = ["FORMATS", "EnvVar", "NcclReference", "NetworkEnv", "Profile", "get_profile", "profile_for_instance", "profiles",
            "quote", "render", "resolve"]
 
 FORMATS = ("sh", "env", "nccl.conf", "json")
@@ -28,6 +28,19 @@ class EnvVar:
 
 
 @dataclass(frozen=True)
+class NcclReference:
+    """A published nccl-tests figure: `op`_perf busbw of at least busbw_gbps GB/s at message size
+    `size` (nccl-tests notation such as "16G", or "peak" for the best size) on nodes x gpus_per_node."""
+
+    op: str
+    busbw_gbps: float
+    size: str
+    nodes: int
+    gpus_per_node: int
+    source: str
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     description: str
@@ -35,6 +48,7 @@ class Profile:
     instance_types: tuple[str, ...]
     env: tuple[EnvVar, ...]
     mounts: tuple[str, ...] = ()
+    nccl_references: tuple[NcclReference, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -61,6 +75,10 @@ def profiles() -> dict[str, Profile]:
             instance_types=tuple(raw.get("instance_types") or ()),
             env=tuple(EnvVar(e["name"], str(e["value"]), e["reason"]) for e in raw["env"]),
             mounts=tuple(raw.get("mounts") or ()),
+            nccl_references=tuple(
+                NcclReference(op=r["op"], busbw_gbps=float(r["busbw_gbps"]), size=str(r["size"]), nodes=int(r["nodes"]),
+                              gpus_per_node=int(r["gpus_per_node"]), source=" ".join(str(r["source"]).split()))
+                for r in raw.get("nccl_tests_reference") or ()),
         )
     return out
 

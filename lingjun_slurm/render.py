@@ -103,6 +103,11 @@ def render_submit(plan: Plan) -> str:
     return _tidy(text)
 
 
+def render_template(name: str, **context: object) -> str:
+    """Any other template of slurm_templates/ (e.g. nccl-test.sbatch.j2) with the same environment."""
+    return _tidy(_environment().get_template(name).render(**context))
+
+
 def _tidy(text: str) -> str:
     """Collapse runs of blank lines left by optional template blocks."""
     return re.sub(r"\n{3,}", "\n\n", text).rstrip("\n") + "\n"

@@ -64,7 +64,7 @@ def _belongs(info: JobInfo, job_id: str, job_name: str) -> bool:
     return same_id and (not info.name or info.name == job_name)
 
 
-def _marker(t: Transport, run_dir: str, key: str) -> Optional[JobInfo]:
+def read_marker(t: Transport, run_dir: str, key: str) -> Optional[JobInfo]:
     """<run_dir>/jobs/<key>: lines "start EPOCH RESTARTS NODES" / "end EPOCH RC" (last attempt wins)."""
     try:
         lines = t.read_text(f"{run_dir}/jobs/{key}").splitlines()
@@ -212,7 +212,7 @@ class StatusCollector:
     def _markers(self, m: Manifest, rec: StageRecord, infos: list[JobInfo]) -> list[JobInfo]:
         job_id = rec.job_ids[0]
         keys = [k for k in self.t.listdir(f"{m.run_dir}/jobs") if k == job_id or k.startswith(f"{job_id}_")]
-        found = [x for x in (_marker(self.t, m.run_dir, k) for k in keys) if x is not None]
+        found = [x for x in (read_marker(self.t, m.run_dir, k) for k in keys) if x is not None]
         return found or infos
 
 

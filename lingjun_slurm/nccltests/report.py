@@ -1,0 +1,155 @@
+"""The report of one nccl-tests run: verdicts, a table of bandwidth by message size, a JSON document.
+
+The table shows the out-of-place algbw and busbw (nccl-tests' first set of columns; the in-place
+value where out-of-place is N/A). Verdicts use the reference's own definition (verdict.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+from .parse import NcclTestResult, Row
+from .results import OpOutput
+from .run import JobEnd
+from .sizes import human_size
+from .verdict import FAIL, Reference, Shape, Verdict, judge
+
+REPORT_SCHEMA = 1
+
+
+@dataclass
+class OpReport:
+    output: OpOutput
+    verdict: Verdict
+
+
+@dataclass
+class Report:
+    title: str
+    ops: list[OpReport]
+    jobs: list[JobEnd] = field(default_factory=list)
+    chart: Optional[str] = None
+    log: Optional[str] = None  # the Slurm log of the job, shown when something failed
+
+    @property
+    def ok(self) -> bool:
+        return all(o.verdict.status != FAIL for o in self.ops) and all(j.ok for j in self.jobs)
+
+
+def build(outputs: list[OpOutput], *, title: str, expected: Optional[Shape], references: list[Reference],
+          profile: Optional[str], jobs: Optional[list[JobEnd]] = None) -> Report:
+    ops = [OpReport(o, judge(o.op, o.result, expected=expected, references=references, profile=profile,
+                             problem=o.problem)) for o in outputs]
+    return Report(title=title, ops=ops, jobs=list(jobs or []))
+
+
+def _bw(row: Row) -> tuple[Optional[float], Optional[float]]:
+    """(algbw, busbw) of a row: out-of-place, or in-place when out-of-place is N/A."""
+    if row.oop_busbw is not None:
+        return row.oop_algbw, row.oop_busbw
+    return row.ip_algbw, row.ip_busbw
+
+
+def _fmt(value: Optional[float]) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value:.2f}"
+
+
+def table(report: Report) -> tuple[list[str], list[list[str]]]:
+    """Header and rows: size, then algbw and busbw (GB/s) of each op; '-' where not measured."""
+    with_rows = [o for o in report.ops if o.output.result is not None and o.output.result.rows]
+    header = ["size"] + [f"{o.output.op} {kind}" for o in with_rows for kind in ("algbw", "busbw")]
+    by_op = [{row.size_bytes: _bw(row) for row in o.output.result.rows} for o in with_rows]  # type: ignore[union-attr]
+    sizes = sorted({s for rows in by_op for s in rows})
+    body = []
+    for size in sizes:
+        line = [human_size(size)]
+        for rows in by_op:
+            alg, bus = rows.get(size, (None, None))
+            line += [_fmt(alg), _fmt(bus)]
+        body.append(line)
+    return header, body
+
+
+def verdict_lines(report: Report) -> list[str]:
+    lines = [o.verdict.line() for o in report.ops]
+    for o in report.ops:
+        if o.output.problem and o.output.result is not None and o.output.result.rows:
+            lines.append(f"{o.output.op}: note: {o.output.problem}")
+    for job in report.jobs:
+        if not job.ok:
+            code = "" if job.exit_code is None else f", exit {job.exit_code}"
+            lines.append(f"job {job.job_id}: {job.state}{code}" + (f" ({job.reason})" if job.reason else ""))
+    if report.log and not report.ok:
+        lines.append(f"job log: {report.log}")
+    return lines
+
+
+def format_plain(report: Report) -> str:
+    header, body = table(report)
+    out = [report.title]
+    if body:
+        widths = [max(len(r[i]) for r in [header] + body) for i in range(len(header))]
+        out.append("  ".join(h.rjust(w) for h, w in zip(header, widths)) + "   (GB/s, out-of-place)")
+        out += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in body]
+    out += verdict_lines(report)
+    if report.chart:
+        out.append(f"chart: {report.chart}")
+    return "\n".join(out) + "\n"
+
+
+def print_rich(report: Report) -> None:
+    """The same content with rich (used when rich is installed and stdout is a terminal)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    header, body = table(report)
+    console = Console()
+    tab = Table(title=report.title, caption="GB/s, out-of-place")
+    for name in header:
+        tab.add_column(name, justify="right")
+    for row in body:
+        tab.add_row(*row)
+    if body:
+        console.print(tab)
+    else:
+        console.print(report.title)
+    styles = {"PASS": "bold green", "FAIL": "bold red"}
+    for o, line in zip(report.ops, verdict_lines(report)):
+        console.print(line, style=styles.get(o.verdict.status, "yellow"), markup=False, highlight=False)
+    for line in verdict_lines(report)[len(report.ops):]:
+        console.print(line, style="red", markup=False, highlight=False)
+    if report.chart:
+        console.print(f"chart: {report.chart}", markup=False, highlight=False)
+
+
+def _num(value: Optional[float]) -> Optional[float]:
+    return None if value is None or math.isnan(value) else value
+
+
+def _rows(result: NcclTestResult) -> list[dict[str, Any]]:
+    return [{"size": r.size_bytes, "count": r.count, "type": r.dtype, "redop": r.redop, "root": r.root,
+             "out_of_place": {"time_us": _num(r.oop_time_us), "algbw": _num(r.oop_algbw), "busbw": _num(r.oop_busbw),
+                              "wrong": r.oop_wrong},
+             "in_place": {"time_us": _num(r.ip_time_us), "algbw": _num(r.ip_algbw), "busbw": _num(r.ip_busbw),
+                          "wrong": r.ip_wrong}} for r in result.rows]
+
+
+def to_json(report: Report) -> dict[str, Any]:
+    """{"schema": 1, "title", "ok", "jobs": [...], "ops": [{"op", "file", "problem", "avg_busbw",
+    "ranks", "rows": [...], "verdict": {"status", "reason", "measured_gbps", "reference"}}], "chart"}"""
+    ops = []
+    for o in report.ops:
+        res = o.output.result
+        ref = o.verdict.reference
+        ops.append({
+            "op": o.output.op, "file": o.output.path, "problem": o.output.problem,
+            "avg_busbw": _num(res.avg_busbw) if res else None,
+            "ranks": len({r.rank for r in res.ranks}) if res else None,
+            "rows": _rows(res) if res else [],
+            "verdict": {"status": o.verdict.status, "reason": o.verdict.reason,
+                        "measured_gbps": o.verdict.measured_gbps, "reference": asdict(ref) if ref else None},
+        })
+    return {"schema": REPORT_SCHEMA, "title": report.title, "ok": report.ok,
+            "jobs": [asdict(j) for j in report.jobs], "ops": ops, "chart": report.chart, "log": report.log}

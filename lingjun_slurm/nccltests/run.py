@@ -1,0 +1,142 @@
+"""Submit nccl-tests jobs and wait for them, gently: one `squeue` per poll for every job.
+
+Jobs that left the queue are looked up with at most one `sacct` per poll (all of them at once,
+when the cluster has accounting), then in the start/end markers each script writes to
+<dir>/jobs/<job id>. Never one Slurm call per job.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from ..errors import CommandError, LingjunError, SubmitError
+from ..slurm.client import SlurmCLI
+from ..slurm.parse import JobInfo
+from ..status import ACTIVE
+from ..status import read_marker
+from ..transport.base import Transport
+
+GONE_POLLS = 3  # polls a job may be missing everywhere before it is reported UNKNOWN
+
+
+@dataclass(frozen=True)
+class Job:
+    job_id: str
+    label: str  # what the job tests, for messages: "nccl-test", "round 1: node1+node2"
+    directory: str  # where sbatch ran: the script's outputs and its jobs/ markers
+
+
+@dataclass(frozen=True)
+class JobEnd:
+    job_id: str
+    state: str  # COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL, ..., UNKNOWN
+    exit_code: Optional[int]
+    reason: Optional[str]
+    nodes: Optional[str]
+
+    @property
+    def ok(self) -> bool:
+        return self.state == "COMPLETED" and not self.exit_code
+
+
+def submit_all(sched: SlurmCLI, scripts: list[tuple[str, str, str]]) -> list[Job]:
+    """sbatch each (script, directory, label); all or nothing: a failure cancels what was queued."""
+    jobs: list[Job] = []
+    try:
+        for script, directory, label in scripts:
+            jobs.append(Job(sched.submit(script, cwd=directory, hold=False), label, directory))
+    except BaseException as exc:
+        if jobs:
+            try:
+                sched.cancel([j.job_id for j in jobs])
+            except CommandError:
+                pass
+        if isinstance(exc, CommandError):
+            done = f"\ncancelled the {len(jobs)} job(s) already queued ({', '.join(j.job_id for j in jobs)})" \
+                if jobs else ""
+            raise SubmitError(f"{exc}{done}") from None
+        raise
+    return jobs
+
+
+def _end(info: JobInfo) -> JobEnd:
+    return JobEnd(info.job_id, info.state, info.exit_code, info.reason, info.nodes)
+
+
+class Waiter:
+    """Polls until every job has ended; `progress` receives one line per state change."""
+
+    def __init__(self, transport: Transport, sched: SlurmCLI, *, poll_s: float = 5.0,
+                 progress: Optional[Callable[[str], None]] = None) -> None:
+        self.t = transport
+        self.sched = sched
+        self.poll_s = poll_s
+        self.progress = progress or (lambda line: None)
+        self.accounting: Optional[bool] = None  # unknown until the first sacct answers
+
+    def wait(self, jobs: list[Job]) -> dict[str, JobEnd]:
+        """Until every job has ended. Ctrl-C (or SIGTERM turned into KeyboardInterrupt) cancels them."""
+        try:
+            return self._wait(jobs)
+        except KeyboardInterrupt:
+            ids = [j.job_id for j in jobs]
+            try:
+                self.sched.cancel(ids)
+            except CommandError as exc:
+                raise LingjunError(f"interrupted; cancelling job(s) {', '.join(ids)} failed: {exc}") from None
+            raise LingjunError(f"interrupted: cancelled job(s) {', '.join(ids)}") from None
+
+    def _wait(self, jobs: list[Job]) -> dict[str, JobEnd]:
+        pending = {j.job_id: j for j in jobs}
+        ended: dict[str, JobEnd] = {}
+        shown: dict[str, str] = {}
+        missing: dict[str, int] = {}
+        while True:
+            queue = {i.job_id: i for i in self.sched.queue() if i.job_id in pending}
+            gone = []
+            for job_id, job in list(pending.items()):
+                info = queue.get(job_id)
+                if info is None:
+                    gone.append(job)
+                    continue
+                state = info.state + (f" ({info.reason})" if info.reason and info.state == "PENDING" else "")
+                if shown.get(job_id) != state:
+                    shown[job_id] = state
+                    self.progress(f"job {job_id} ({job.label}): {state}")
+                if info.state not in ACTIVE:
+                    ended[job_id] = _end(info)
+                    del pending[job_id]
+            for end in self._resolve(gone):
+                ended[end.job_id] = end
+                self.progress(f"job {end.job_id} ({pending[end.job_id].label}): {end.state}")
+                del pending[end.job_id]
+            for job in gone:
+                if job.job_id in pending:
+                    missing[job.job_id] = missing.get(job.job_id, 0) + 1
+                    if missing[job.job_id] >= GONE_POLLS:
+                        ended[job.job_id] = JobEnd(job.job_id, "UNKNOWN", None,
+                                                   "left the queue; no accounting record or end marker", None)
+                        del pending[job.job_id]
+            if not pending:
+                return ended
+            time.sleep(self.poll_s)
+
+    def _resolve(self, gone: list[Job]) -> list[JobEnd]:
+        """Jobs no longer in squeue: one sacct for all of them, then their end markers."""
+        if not gone:
+            return []
+        found: dict[str, JobEnd] = {}
+        if self.accounting is not False:
+            records = self.sched.accounting([j.job_id for j in gone])
+            self.accounting = records is not None
+            for info in records or []:
+                if info.state not in ACTIVE and info.job_id in {j.job_id for j in gone}:
+                    found[info.job_id] = _end(info)
+        for job in gone:
+            if job.job_id not in found:
+                info = read_marker(self.t, job.directory, job.job_id)
+                if info is not None and info.end is not None:
+                    found[job.job_id] = _end(info)
+        return list(found.values())
