@@ -46,11 +46,19 @@ class DevClusterConfig:
     cluster_name: str = "lingjun-dev"
     base_port: int = 6817
     memory_mb_per_node: int = 16000  # RealMemory: checked against --mem, never enforced
+    # Nodes after node1..nodeN that are only in partition extra_partition, together with nodeN:
+    # kept out of cpu/gpu so a test may drain one without disturbing other tests' jobs.
+    extra_nodes: int = 0
+    extra_partition: str = "health"
 
     def __post_init__(self) -> None:
         self.root = Path(self.root).absolute()
         if not 2 <= self.nodes <= 8:
             raise DevClusterError(f"nodes must be 2..8, got {self.nodes}")
+        if not 0 <= self.extra_nodes <= 8 - self.nodes:
+            raise DevClusterError(f"extra_nodes must be 0..{8 - self.nodes} (8 nodes at most), got {self.extra_nodes}")
+        if not self.extra_partition.isalnum() or self.extra_partition in ("cpu", "gpu"):
+            raise DevClusterError(f"extra_partition must be a name other than cpu/gpu, got {self.extra_partition!r}")
         if not 1 <= self.cpus_per_node <= 64 or not 0 <= self.gpus_per_node <= 16:
             raise DevClusterError("cpus_per_node must be 1..64 and gpus_per_node 0..16")
         if not 1024 <= self.base_port <= 65235:
@@ -61,13 +69,18 @@ class DevClusterConfig:
         return self.base_port + 200 + i - 1
 
     @property
+    def total_nodes(self) -> int:
+        return self.nodes + self.extra_nodes
+
+    @property
     def node_names(self) -> list[str]:
-        return [f"node{i}" for i in range(1, self.nodes + 1)]
+        """Every node: node1..nodeN, then the extra nodes."""
+        return [f"node{i}" for i in range(1, self.total_nodes + 1)]
 
     def ports(self) -> dict[int, str]:
         """Every port the cluster listens on -> who."""
         ports = {self.base_port: "slurmctld"}
-        ports.update({self.slurmd_port(i): f"slurmd node{i}" for i in range(1, self.nodes + 1)})
+        ports.update({self.slurmd_port(i): f"slurmd node{i}" for i in range(1, self.total_nodes + 1)})
         if self.accounting:
             ports.update({self.base_port + 2: "slurmdbd", self.base_port + 3: "mariadbd"})
         return ports
@@ -288,7 +301,7 @@ class DevCluster:
         gres = "AutoDetect=off\n"
         if c.gpus_per_node:
             files = "gpu0" if c.gpus_per_node == 1 else f"gpu[0-{c.gpus_per_node - 1}]"
-            gres += f"NodeName=node[1-{c.nodes}] Name=gpu File={root}/dev/{files}\n"
+            gres += f"NodeName=node[1-{c.total_nodes}] Name=gpu File={root}/dev/{files}\n"
         (root / "gres.conf").write_text(gres)
         if c.accounting:
             dbd = root / "slurmdbd.conf"  # slurmdbd finds it beside $SLURM_CONF
@@ -303,7 +316,7 @@ class DevCluster:
         self.env_file()
 
     def _slurm_conf(self) -> str:
-        c, root, host, last = self.config, self.root, socket.gethostname().split(".")[0], self.config.nodes
+        c, root, host, last = self.config, self.root, socket.gethostname().split(".")[0], self.config.total_nodes
         lines = [
             "# Written by `lingjun-slurm dev-cluster up`; rewritten by every `up`.",
             f"ClusterName={c.cluster_name}", f"SlurmctldHost={host}(127.0.0.1)", f"SlurmctldPort={c.base_port}",
@@ -329,9 +342,11 @@ class DevCluster:
         lines += [
             f"NodeName=node[1-{last}] NodeHostname={host} NodeAddr=127.0.0.1 Port=[{c.slurmd_port(1)}-"
             f"{c.slurmd_port(last)}] CPUs={c.cpus_per_node} RealMemory={c.memory_mb_per_node}{gres} State=UNKNOWN",
-            f"PartitionName=cpu Nodes=node[1-{last}] Default=YES MaxTime=INFINITE State=UP",
-            f"PartitionName=gpu Nodes=node[1-{last}] MaxTime=INFINITE State=UP",
+            f"PartitionName=cpu Nodes=node[1-{c.nodes}] Default=YES MaxTime=INFINITE State=UP",
+            f"PartitionName=gpu Nodes=node[1-{c.nodes}] MaxTime=INFINITE State=UP",
         ]
+        if c.extra_nodes:
+            lines.append(f"PartitionName={c.extra_partition} Nodes=node[{c.nodes}-{last}] MaxTime=INFINITE State=UP")
         return "\n".join(lines) + "\n"
 
     # ------------------------------------------------------------------ start-up
@@ -363,7 +378,7 @@ class DevCluster:
             argv = ["slurmd", "-D", "-N", node, "-f", str(self.slurm_conf)]
             daemons[f"slurmd-{node}"] = self._spawn(f"slurmd-{node}", argv, logs / f"slurmd-{node}.log")
         self._save_state(daemons)
-        self._wait("all nodes idle", lambda: [n["state"] for n in self._sinfo_nodes()] == ["idle"] * c.nodes,
+        self._wait("all nodes idle", lambda: [n["state"] for n in self._sinfo_nodes()] == ["idle"] * c.total_nodes,
                    deadline, daemons)
         # One job over every node: the first scheduling pass (~2-3 s) is then behind us, and srun works.
         job = self._client(["sbatch", "--parsable", "-J", "devcluster-probe", "-p", "cpu", f"-N{c.nodes}",

@@ -4,6 +4,10 @@
 (sacct works), from an empty root /tmp/lingjun-test-cluster-<pid>, on ports from 16900 up (so a
 user's `dev-cluster up`, on 6817.., is left alone). Skipped where Slurm, MariaDB or root is
 missing, except under CI (CI set), where that is a failure.
+
+Plus node5 (HEALTH_NODE), kept for the health-check test that drains it: it is only in
+partition `health` (HEALTH_PARTITION = node4 + node5), never in cpu or gpu, so no other test's
+job can land on it while it is drained.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ from lingjun_slurm.devcluster import DevCluster, DevClusterConfig, DevClusterErr
 TEST_BASE_PORT = 16900
 NODES = 4
 GPUS_PER_NODE = 2
+EXTRA_NODES = 1
+HEALTH_NODE = "node5"
+HEALTH_PARTITION = "health"
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
             "DEADLINE", "PREEMPTED"}
 
@@ -62,11 +69,13 @@ def free_cluster(root: Path, first_port: int, **kw: object) -> DevCluster:
 
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[DevCluster]:
-    """A running 4-node cluster with accounting; use `.env` for sbatch/squeue/sacct/scontrol."""
+    """A running 4-node cluster (+ node5 in partition health) with accounting; use `.env` for
+    sbatch/squeue/sacct/scontrol."""
     require_slurm(accounting=True)
     root = Path(f"/tmp/lingjun-test-cluster-{os.getpid()}")
     cluster = free_cluster(root, TEST_BASE_PORT, nodes=NODES, cpus_per_node=2, gpus_per_node=GPUS_PER_NODE,
-                           accounting=True, cluster_name="lingjun-test")
+                           accounting=True, cluster_name="lingjun-test", extra_nodes=EXTRA_NODES,
+                           extra_partition=HEALTH_PARTITION)
     try:
         cluster.up(timeout=90)
     except DevClusterError as exc:

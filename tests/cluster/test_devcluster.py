@@ -15,7 +15,8 @@ from click.testing import CliRunner
 
 from lingjun_slurm.cli_devcluster import dev_cluster
 from lingjun_slurm.devcluster import DevCluster, DevClusterConfig, DevClusterError
-from tests.cluster.fixtures import GPUS_PER_NODE, NODES, free_cluster, require_slurm, slurm, submit, wait_job
+from tests.cluster.fixtures import (EXTRA_NODES, GPUS_PER_NODE, HEALTH_NODE, HEALTH_PARTITION, NODES, free_cluster,
+                                    require_slurm, slurm, submit, wait_job)
 
 pytestmark = pytest.mark.slurm
 
@@ -30,12 +31,19 @@ def _alive(pid: int) -> bool:
 def test_all_nodes_idle_in_cpu_and_gpu(slurm_cluster: DevCluster) -> None:
     info = slurm_cluster.status()
     assert info["up"] and info["accounting"] is True
-    assert [n["name"] for n in info["nodes"]] == [f"node{i}" for i in range(1, NODES + 1)]
+    assert [n["name"] for n in info["nodes"]] == [f"node{i}" for i in range(1, NODES + EXTRA_NODES + 1)]
+    last = f"node{NODES}"
     for node in info["nodes"]:
         assert node["state"] == "idle", info["nodes"]
-        assert sorted(node["partitions"]) == ["cpu", "gpu"]
+        if node["name"] == HEALTH_NODE:  # kept out of cpu/gpu for the health-check test
+            assert node["partitions"] == [HEALTH_PARTITION]
+        else:
+            assert sorted(node["partitions"]) == (["cpu", "gpu", HEALTH_PARTITION] if node["name"] == last
+                                                  else ["cpu", "gpu"])
     default = slurm(slurm_cluster.env, "sinfo", "-h", "-o", "%P").stdout.split()
-    assert "cpu*" in default and "gpu" in default
+    assert "cpu*" in default and "gpu" in default and HEALTH_PARTITION in default
+    nodes = slurm(slurm_cluster.env, "sinfo", "-h", "-p", "cpu,gpu", "-N", "-o", "%N").stdout.split()
+    assert HEALTH_NODE not in nodes and len(set(nodes)) == NODES
     gres = slurm(slurm_cluster.env, "sinfo", "-h", "-p", "gpu", "-o", "%G").stdout.strip()
     assert gres == f"gpu:{GPUS_PER_NODE}"
 
@@ -86,13 +94,14 @@ def test_up_again_is_a_no_op_and_cli_status_json(slurm_cluster: DevCluster) -> N
     assert time.monotonic() - start < 1
     after = slurm_cluster.status()
     assert {n: d["pid"] for n, d in after["daemons"].items()} == before
-    assert set(before) == {"munged", "mariadbd", "slurmdbd", "slurmctld", *(f"slurmd-node{i}" for i in range(1, 5))}
+    assert set(before) == {"munged", "mariadbd", "slurmdbd", "slurmctld",
+                           *(f"slurmd-node{i}" for i in range(1, NODES + EXTRA_NODES + 1))}
 
     res = CliRunner().invoke(dev_cluster, ["status", "--root", str(slurm_cluster.root), "--json"])
     assert res.exit_code == 0, res.output
     info = json.loads(res.output)
     assert info["up"] is True and info["slurm_conf"] == slurm_cluster.env["SLURM_CONF"]
-    assert len(info["nodes"]) == NODES and all(d["alive"] for d in info["daemons"].values())
+    assert len(info["nodes"]) == NODES + EXTRA_NODES and all(d["alive"] for d in info["daemons"].values())
     assert (slurm_cluster.root / "env.sh").read_text() == f"export SLURM_CONF={slurm_cluster.slurm_conf}\n"
 
 

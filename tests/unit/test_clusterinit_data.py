@@ -38,3 +38,28 @@ def test_instance_type_map_matches_profile_selection() -> None:
     assert rows, "no instance types"
     for itype, profile in rows:
         assert network.profile_for_instance(itype).name == profile
+
+
+HEALTH = REPO / "cluster_init" / clusterinit_gen.HEALTH_DIR
+
+
+def test_health_checks_are_copied_verbatim_and_executable() -> None:
+    from lingjun_slurm import health
+
+    program = HEALTH / health.PROGRAM
+    assert program.read_text() == health.program_text()
+    assert program.stat().st_mode & 0o777 == 0o755, "lingjun-health must keep mode 0755 in cluster_init/"
+    copied = {p.name: p.read_text() for p in (HEALTH / health.THRESHOLDS).glob("*.conf")}
+    assert copied == health.threshold_texts() and copied
+
+
+def test_check_fails_on_health_drift_and_mode(tmp_path: Path) -> None:
+    assert clusterinit_gen.main([str(tmp_path)]) == 0
+    program = tmp_path / clusterinit_gen.HEALTH_DIR / "lingjun-health"
+    assert program.stat().st_mode & 0o777 == 0o755
+    program.chmod(0o644)
+    assert clusterinit_gen.main(["--check", str(tmp_path)]) == 1
+    assert clusterinit_gen.main([str(tmp_path)]) == 0 and program.stat().st_mode & 0o777 == 0o755
+    conf = tmp_path / clusterinit_gen.HEALTH_DIR / "thresholds" / "azure-nd-h100-v5.conf"
+    conf.write_text(conf.read_text().replace("IB_RATE_GBPS=400", "IB_RATE_GBPS=200"))
+    assert clusterinit_gen.main(["--check", str(tmp_path)]) == 1

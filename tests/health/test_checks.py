@@ -1,0 +1,382 @@
+"""lingjun-health against node trees of real InfiniBand and RoCE machines, healthy and with each failure.
+
+The trees (tests/health/machines.py) follow public dumps of an Azure ND H200 v5 (8 GPUs,
+mlx5_ib0..7 InfiniBand at 400 Gb/s) and of a RoCE A100 node (mlx5_0..8 on eth0..8, RoCE v2 GID
+at index 3); sources in tests/fixtures/health/SOURCES.md. nvidia-smi is a stand-in printing
+recorded `--query-gpu` / `--query-remapped-rows` output in nvidia-smi's CSV format (it rejects
+any other query), because no GPU exists here; scontrol and enroot are stand-ins that record
+their calls. The program itself, df, grep and awk are real.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from lingjun_slurm import health
+from tests.health.machines import REPO, Node, azure_nd_h200_v5, is_executable, lines, roce_a100, statuses
+
+
+@pytest.fixture
+def ib(tmp_path: Path) -> Node:
+    return Node(tmp_path, azure_nd_h200_v5())
+
+
+@pytest.fixture
+def roce(tmp_path: Path) -> Node:
+    return Node(tmp_path, roce_a100())
+
+
+def first_failure(proc: subprocess.CompletedProcess[str]) -> str:
+    fails = lines(proc, "FAIL")
+    assert fails, proc.stdout + proc.stderr
+    return fails[0].split(" ", 2)[2]
+
+
+def test_program_is_shellcheck_clean_at_style_severity(shellcheck: str) -> None:
+    program = REPO / "lingjun_slurm" / "health" / health.PROGRAM
+    proc = subprocess.run([shellcheck, "--severity=style", "--shell=bash", str(program)], capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stdout
+    assert is_executable(program)
+    text = program.read_text()
+    assert text.startswith("#!/usr/bin/env bash\n") and "set -euo pipefail" in text
+    code = [ln for ln in text.splitlines() if not ln.lstrip().startswith("#")]
+    assert not [ln for ln in code if "python" in ln.lower() or ln.lstrip().startswith(("source ", ". "))]
+
+
+def test_healthy_infiniband_node(ib: Node) -> None:
+    proc = ib.run()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert lines(proc) == [
+        "OK gpu-count 8 GPUs",
+        "OK gpu-ecc no uncorrected ECC errors, no pending or failed row remapping",
+        "OK gpu-xid no XIDs in the kernel log",
+        "OK ib-ports 8 ports ACTIVE, LinkUp, >= 400 Gb/s, InfiniBand (IB_PORTS, all HCAs)",
+        "SKIP roce-gid NCCL_IB_GID_INDEX is not set (NCCL chooses the GID)",
+        "OK socket-if eth0 up (NCCL_SOCKET_IFNAME=eth0)",
+        "SKIP enroot-start no ENROOT_IMAGE configured",
+    ] + [ln for ln in lines(proc) if ln.startswith("OK enroot-space free: /run/enroot ")]
+    assert ib.updates() == [] and ib.slurm() == {"state": "IDLE", "reason": ""}
+
+
+def test_healthy_roce_node(roce: Node) -> None:
+    proc = roce.run()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = statuses(proc)
+    assert got == {"gpu-count": {"OK"}, "gpu-ecc": {"OK"}, "gpu-xid": {"OK"}, "ib-ports": {"OK"}, "roce-gid": {"OK"},
+                   "socket-if": {"OK"}, "enroot-start": {"SKIP"}, "enroot-space": {"OK"}}
+    assert "OK ib-ports 9 ports ACTIVE, LinkUp, Ethernet (NCCL_IB_HCA=mlx5)" in lines(proc)
+    assert "OK roce-gid GID 3 is RoCE v2 on 9 ports" in lines(proc)
+
+
+def gid_type(node: Node, hca: str, index: int, kind: str) -> None:
+    gids = dict(node.machine.port(hca).gids)
+    gids[index] = (gids[index][0], kind)
+    node.set_port(hca, gids=gids)
+
+
+def drop_gids(node: Node, hca: str, keep: int) -> None:
+    """Only GIDs 0..keep-1 set (an address missing on the netdev leaves the entries empty)."""
+    node.set_port(hca, gids={i: g for i, g in node.machine.port(hca).gids.items() if i < keep})
+
+
+SMI_DRIVER_ERROR = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+                    "Make sure that the latest NVIDIA driver is installed and running.")
+
+# Each failure: how to break the healthy tree, and the exact drain reason it must produce.
+FAILURES = [
+    ("ib", "missing-port", lambda n: n.drop_port("mlx5_ib3"), "mlx5_ib3 port 1 missing"),
+    ("ib", "port-down", lambda n: n.set_port("mlx5_ib2", state="1: DOWN", phys_state="2: Polling"),
+     "mlx5_ib2 port 1 DOWN"),
+    ("ib", "port-init", lambda n: n.set_port("mlx5_ib6", state="2: INIT"), "mlx5_ib6 port 1 INIT"),
+    ("ib", "phys-not-linkup", lambda n: n.set_port("mlx5_ib1", phys_state="6: LinkErrorRecovery"),
+     "mlx5_ib1 port 1 phys_state LinkErrorRecovery"),
+    ("ib", "wrong-rate", lambda n: n.set_port("mlx5_ib5", rate="200 Gb/sec (4X HDR)"),
+     "mlx5_ib5 port 1 at 200 Gb/s, expected 400"),
+    ("ib", "wrong-link-layer", lambda n: n.set_port("mlx5_ib0", link_layer="Ethernet"),
+     "mlx5_ib0 port 1 link layer Ethernet, expected InfiniBand"),
+    ("roce", "roce-port-down", lambda n: n.set_port("mlx5_2", state="1: DOWN", phys_state="3: Disabled"),
+     "mlx5_2 port 1 DOWN"),
+    ("roce", "gid-roce-v1", lambda n: gid_type(n, "mlx5_1", 3, "IB/RoCE v1"),
+     "mlx5_1 port 1 GID 3 is IB/RoCE v1, not RoCE v2"),
+    ("roce", "gid-unset", lambda n: drop_gids(n, "mlx5_4", 2), "mlx5_4 port 1 GID 3 not set"),
+    ("roce", "no-roce-port", lambda n: n.change(ports=[]), "0 RDMA ports match NCCL_IB_HCA=mlx5, expected 1"),
+    ("ib", "ifname-down", lambda n: n.change(netdevs={**n.machine.netdevs, "eth0": ("down", "0")}),
+     "eth0 down (NCCL_SOCKET_IFNAME=eth0)"),
+    ("ib", "ifname-missing", lambda n: n.change(netdevs={k: v for k, v in n.machine.netdevs.items() if k != "eth0"}),
+     "no interface matches NCCL_SOCKET_IFNAME=eth0"),
+    ("ib", "gpu-count-low", lambda n: n.set_gpus("".join(n.gpu_csv().splitlines(keepends=True)[:7])),
+     "7 GPUs, expected 8"),
+    ("roce", "no-gpus", lambda n: n.set_gpus(""), "0 GPUs, expected at least 1"),
+    ("ib", "nvidia-smi-fails", lambda n: n.env.update(FAKE_SMI_FAIL="1"),  # the message, cut at 120 characters
+     f"nvidia-smi failed (rc 9: {SMI_DRIVER_ERROR[:120]}), expected 8 GPUs"),
+    ("ib", "ecc-uncorrected", lambda n: n.set_gpus(n.gpu_csv().replace("3, 00000008:00:00.0, Enabled, 0, 0",
+                                                                       "3, 00000008:00:00.0, Enabled, 2, 17")),
+     "GPU 3 2 uncorrected ECC errors"),
+    ("ib", "ecc-corrected", lambda n: n.set_gpus(n.gpu_csv().replace("6, 0000000B:00:00.0, Enabled, 0, 0",
+                                                                     "6, 0000000B:00:00.0, Enabled, 0, 20000001")),
+     "GPU 6 20000001 corrected ECC errors, limit 20000000"),
+    ("ib", "row-remap-pending", lambda n: n.set_gpus(remap=n.remap_csv().replace("0000000A:00:00.0, 0, 0",
+                                                                                "0000000A:00:00.0, 1, 0")),
+     "GPU 5 row remapping pending (reset the GPU)"),
+    ("ib", "row-remap-failed", lambda n: n.set_gpus(remap=n.remap_csv().replace("00000002:00:00.0, 0, 0",
+                                                                               "00000002:00:00.0, 0, 1")),
+     "GPU 1 row remapping failed"),
+    ("ib", "xid-79", lambda n: n.change(kernel_log="xid79.log"), "GPU 3 XID 79"),
+    ("ib", "low-free-space", lambda n: n.change(config={"MIN_FREE_GB": "999999999"}),
+     "/mnt/resource/enroot-cache"),
+    ("ib", "enroot-start-fails", lambda n: (n.change(config={"ENROOT_IMAGE": "pytorch-health"}),
+                                            n.env.update(FAKE_ENROOT_START_FAIL="1")),
+     "enroot start pytorch-health failed (rc 1: [ERROR] No such file or directory: "
+     "/mnt/resource/enroot-data/user-0/pytorch-health)"),
+]
+
+
+@pytest.mark.parametrize("kind,name,breaker,reason", FAILURES, ids=[f[1] for f in FAILURES])
+def test_each_failure_drains_with_its_precise_reason(tmp_path: Path, kind: str, name: str,
+                                                     breaker: Callable[[Node], object], reason: str) -> None:
+    node = Node(tmp_path, azure_nd_h200_v5() if kind == "ib" else roce_a100())
+    assert node.run("--no-drain").returncode == 0, "the tree must be healthy before breaking it"
+    breaker(node)
+    proc = node.run()
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    if name == "low-free-space":  # the free figure is the real disk's
+        assert first_failure(proc).startswith(reason + " ") and "GB free, need 999999999 GB (ENROOT_CACHE_PATH)" in \
+            first_failure(proc)
+        reason = first_failure(proc)
+    else:
+        assert first_failure(proc) == reason
+    more = len(lines(proc, "FAIL")) - 1
+    want = f"lingjun-health: {reason}" + (f" (+{more} more)" if more else "")
+    assert node.updates() == [["update", f"NodeName={node.name}", "State=DRAIN", f"Reason={want}"]]
+    assert node.slurm() == {"state": "IDLE+DRAIN", "reason": want}
+    assert f"DRAIN {node.name} {want}" in proc.stdout
+
+
+def test_fatal_and_other_xids(ib: Node) -> None:
+    ib.change(kernel_log="xid13.log")
+    proc = ib.run("--no-drain")
+    assert proc.returncode == 0 and "OK gpu-xid no fatal XIDs (others seen: 13)" in lines(proc)
+    ib.change(config={"GPU_FATAL_XIDS": "13 79"})  # the list is data: a site may add XIDs
+    assert first_failure(ib.run("--no-drain")) == "GPU 0 XID 13"
+
+
+def test_several_failures_give_the_first_and_a_count(ib: Node) -> None:
+    ib.set_port("mlx5_ib2", state="1: DOWN", phys_state="2: Polling")
+    ib.set_port("mlx5_ib4", state="1: DOWN", phys_state="2: Polling")
+    ib.change(kernel_log="xid79.log")
+    proc = ib.run()
+    assert proc.returncode == 1
+    assert lines(proc, "FAIL") == ["FAIL gpu-xid GPU 3 XID 79", "FAIL ib-ports mlx5_ib2 port 1 DOWN",
+                                   "FAIL ib-ports mlx5_ib4 port 1 DOWN"]
+    assert ib.slurm()["reason"] == "lingjun-health: GPU 3 XID 79 (+2 more)"
+
+
+def test_nccl_ib_hca_selects_the_ports_checked(roce: Node) -> None:
+    roce.set_port("mlx5_0", state="1: DOWN", phys_state="3: Disabled")  # the front-end NIC
+    assert first_failure(roce.run("--no-drain")) == "mlx5_0 port 1 DOWN"  # NCCL_IB_HCA=mlx5 includes it
+    exact = "=mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7,mlx5_8"  # Baidu's advice: mlx5_1..8
+    roce.change(nccl={"NCCL_IB_HCA": exact})
+    proc = roce.run("--no-drain")
+    assert proc.returncode == 0 and f"OK ib-ports 8 ports ACTIVE, LinkUp, Ethernet (NCCL_IB_HCA={exact})" in lines(proc)
+    proc = roce.run("--no-drain", NCCL_IB_HCA="^mlx5_0")  # the environment overrides nccl.conf
+    assert proc.returncode == 0 and "OK ib-ports 8 ports ACTIVE, LinkUp, Ethernet (NCCL_IB_HCA=^mlx5_0)" in lines(proc)
+    proc = roce.run("--no-drain", NCCL_IB_HCA="mlx5_1:2")  # port 2 does not exist
+    assert first_failure(proc) == "0 RDMA ports match NCCL_IB_HCA=mlx5_1:2, expected 1"
+    proc = roce.run("--no-drain", NCCL_IB_HCA="=mlx5")  # exact: no device is called just mlx5
+    assert first_failure(proc) == "0 RDMA ports match NCCL_IB_HCA==mlx5, expected 1"
+
+
+def test_ib_ports_of_the_sku_ignore_other_hcas(ib: Node) -> None:
+    ib.set_port("mlx5_an0", state="1: DOWN", phys_state="3: Disabled")  # not NCCL's: not in IB_PORTS
+    assert ib.run("--no-drain").returncode == 0
+    proc = ib.run("--no-drain", NCCL_IB_HCA="mlx5_ib0,mlx5_ib1")  # NCCL_IB_HCA narrows IB_PORTS
+    assert "OK ib-ports 2 ports ACTIVE, LinkUp, >= 400 Gb/s, InfiniBand (IB_PORTS, NCCL_IB_HCA=mlx5_ib0,mlx5_ib1)" \
+        in lines(proc)
+
+
+def test_socket_ifname_prefix_exclusion_and_virtual_interfaces(roce: Node) -> None:
+    devs = {"lo": ("unknown", "1"), "eth0": ("down", "0"), "eth1": ("down", "0"), "bond0": ("up", "1")}
+    roce.change(netdevs=devs)
+    assert first_failure(roce.run("--no-drain")) == "eth0 down, eth1 down (NCCL_SOCKET_IFNAME=eth)"
+    proc = roce.run("--no-drain", NCCL_SOCKET_IFNAME="^lo,docker")
+    assert "OK socket-if bond0 up (NCCL_SOCKET_IFNAME=^lo,docker)" in lines(proc)
+    roce.change(netdevs={**devs, "tun0": ("unknown", "1")})  # no link state: carrier decides
+    assert "OK socket-if tun0 up (NCCL_SOCKET_IFNAME=tun)" in lines(roce.run("--no-drain", NCCL_SOCKET_IFNAME="tun"))
+
+
+def test_enroot_start_with_a_container_and_a_local_image(ib: Node) -> None:
+    ib.change(config={"ENROOT_IMAGE": "health-probe"})
+    proc = ib.run("--no-drain")
+    assert proc.returncode == 0 and "OK enroot-start enroot started health-probe" in lines(proc)
+    assert ib.enroot_calls() == [["start", "health-probe", "true"]]
+    ib.change(config={"ENROOT_IMAGE": "/opt/lingjun/health.sqsh"})
+    assert first_failure(ib.run("--no-drain")) == "image /opt/lingjun/health.sqsh not found"
+    image = ib.root / "opt/lingjun/health.sqsh"
+    image.parent.mkdir(parents=True)
+    image.write_bytes(b"hsqs")
+    proc = ib.run("--no-drain")
+    assert proc.returncode == 0, proc.stdout
+    calls = ib.enroot_calls()[1:]
+    name = calls[0][3]
+    assert name.startswith("lingjun-health-") and calls == [
+        ["create", "--force", "--name", name, str(image)], ["start", name, "true"], ["remove", "--force", name]]
+
+
+def test_enroot_paths_come_from_enroot_conf(ib: Node) -> None:
+    conf = ib.root / "etc/enroot/enroot.conf"
+    conf.write_text("#ENROOT_DATA_PATH ${XDG_DATA_HOME}/enroot\nENROOT_DATA_PATH /mnt/scratch/$(id -un)/enroot/data\n"
+                    "ENROOT_CACHE_PATH ${XDG_CACHE_HOME}/enroot\n")
+    proc = ib.run("--no-drain")
+    # runtime: enroot's default ${XDG_RUNTIME_DIR}/enroot -> /run/enroot; data: cut at $(id -un) and
+    # climbed to the nearest existing directory (/mnt); cache in users' homes: not checked;
+    # temp: enroot's default ${TMPDIR:-/tmp}, which does not exist in the tree -> /.
+    okay = next(ln for ln in lines(proc) if ln.startswith("OK enroot-space "))
+    assert [part.split()[0] for part in okay.split(": ", 1)[1].split(", ")] == ["/run/enroot", "/mnt", "/"]
+    # Two settings on one directory: the larger requirement applies (temp: MIN_FREE_GB, not the
+    # runtime path's MIN_FREE_RUNTIME_GB).
+    conf.write_text("ENROOT_RUNTIME_PATH /mnt/resource/enroot-temp\nENROOT_TEMP_PATH /mnt/resource/enroot-temp\n"
+                    "ENROOT_DATA_PATH ${XDG_DATA_HOME}/enroot\nENROOT_CACHE_PATH ${XDG_CACHE_HOME}/enroot\n")
+    proc = ib.run("--no-drain")
+    assert proc.returncode == 0 and lines(proc)[-1].startswith("OK enroot-space free: /mnt/resource/enroot-temp ")
+    (ib.root / "etc/lingjun-slurm/health.conf").write_text(
+        "SKU=Standard_ND96isr_H200_v5\nKERNEL_LOG=/var/log/kern.log\nMIN_FREE_GB=999999999\n")
+    fails = lines(ib.run("--no-drain"), "FAIL")
+    assert len(fails) == 1 and fails[0].endswith(" GB free, need 999999999 GB (ENROOT_TEMP_PATH)"), fails
+    conf.unlink()
+    assert any(ln.startswith("SKIP enroot-space no enroot config at ") for ln in lines(ib.run("--no-drain")))
+
+
+def test_skips_for_a_cpu_node(tmp_path: Path) -> None:
+    node = Node(tmp_path, azure_nd_h200_v5())
+    node.change(sku="cpu", nccl={"NCCL_SOCKET_IFNAME": None})
+    proc = node.run()
+    assert proc.returncode == 0, proc.stdout
+    got = statuses(proc)
+    assert got["gpu-count"] == got["gpu-ecc"] == got["gpu-xid"] == got["ib-ports"] == got["roce-gid"] == {"SKIP"}
+    assert "SKIP gpu-count SKU cpu expects no GPUs" in lines(proc)
+    assert got["socket-if"] == {"SKIP"}
+
+
+def test_xid_needs_a_kernel_log_under_root(ib: Node) -> None:
+    ib.change(config={"KERNEL_LOG": ""})
+    assert "SKIP gpu-xid no kernel log under --root (set KERNEL_LOG)" in lines(ib.run("--no-drain"))
+    ib.change(config={"KERNEL_LOG": "/var/log/missing.log"})
+    assert first_failure(ib.run("--no-drain")) == f"cannot read kernel log {ib.root}/var/log/missing.log"
+
+
+def test_gpus_without_row_remapping(ib: Node) -> None:
+    ib.set_gpus(remap="")  # the stand-in then rejects the query, as nvidia-smi does on V100
+    proc = ib.run("--no-drain")
+    assert proc.returncode == 0 and "OK gpu-ecc no uncorrected ECC errors (row remapping not reported)" in lines(proc)
+
+
+def test_json_document(ib: Node) -> None:
+    ib.set_port("mlx5_ib2", state="1: DOWN", phys_state="2: Polling")
+    proc = ib.run("--json")
+    assert proc.returncode == 1
+    doc = json.loads(proc.stdout)
+    assert doc["node"] == ib.name and doc["sku"] == "Standard_ND96isr_H200_v5" and doc["mode"] == "periodic"
+    assert doc["thresholds"].endswith("thresholds/azure-nd-h200-v5.conf") and doc["healthy"] is False
+    assert {"status": "FAIL", "check": "ib-ports", "detail": "mlx5_ib2 port 1 DOWN"} in doc["checks"]
+    assert [c["check"] for c in doc["checks"]][:3] == ["gpu-count", "gpu-ecc", "gpu-xid"]
+    assert doc["action"] == "drain" and doc["reason"] == "lingjun-health: mlx5_ib2 port 1 DOWN"
+    ib.change(nccl={"NCCL_SOCKET_IFNAME": 'e"th\\0'})  # quotes and backslashes survive
+    doc = json.loads(ib.run("--json", "--no-drain").stdout)
+    assert {"status": "FAIL", "check": "socket-if", "detail": 'no interface matches NCCL_SOCKET_IFNAME=e"th\\0'} \
+        in doc["checks"] and doc["action"] == "none"
+
+
+def test_thresholds_resolve_by_name_instance_type_and_case(ib: Node) -> None:
+    for sku, conf in (("standard_nd96isr_h200_v5", "azure-nd-h200-v5"), ("AZURE-ND-H200-V5", "azure-nd-h200-v5"),
+                      ("Standard_ND96amsr_A100_v4", "azure-nd-a100-v4"), ("ml.gu8xf.8xlarge-gu108", "lingjun")):
+        doc = json.loads(ib.run("--json", "--no-drain", "--sku", sku).stdout)
+        assert Path(doc["thresholds"]).name == f"{conf}.conf", sku
+    site = ib.root / "etc/lingjun-slurm/health/thresholds"  # a node's own directory wins
+    site.mkdir(parents=True)
+    (site / "standard_nd96isr_h200_v5.conf").write_text("GPU_COUNT=4\n")
+    assert first_failure(ib.run("--no-drain")) == "8 GPUs, expected 4"
+
+
+def test_config_overrides_thresholds(roce: Node) -> None:
+    roce.change(config={"GPU_COUNT": "8", "IB_PORT_COUNT": "10", "IB_RATE_GBPS": "200"})
+    fails = [ln.split(" ", 2)[2] for ln in lines(roce.run("--no-drain"), "FAIL")]
+    assert fails[0] == "mlx5_0 port 1 at 100 Gb/s, expected 200" and fails[-1] == \
+        "9 RDMA ports match NCCL_IB_HCA=mlx5, expected 10"
+
+
+@pytest.mark.parametrize("args,config,message", [
+    (["--bogus"], None, "unknown argument '--bogus'"),
+    (["--config"], None, "--config needs a value"),
+    ([], "SKU=Standard_ND96isr_H200_v5\nGPU_COUNTS=8\n", "health.conf:2: unknown key GPU_COUNTS"),
+    ([], "SKU=Standard_ND96isr_H200_v5\nthis is not a setting\n", "health.conf:2: expected KEY=VALUE"),
+    ([], "SKU=Standard_ND99_unknown\n", "no thresholds for SKU 'Standard_ND99_unknown'"),
+    ([], "KERNEL_LOG=/var/log/kern.log\n", "SKU is not set"),
+    ([], "SKU=cpu\nMIN_FREE_GB=lots\n", "MIN_FREE_GB=lots: must be a whole number"),
+    ([], "SKU=cpu\nIB_PORTS=mlx5_ib0\n", "IB_PORTS: 'mlx5_ib0' is not HCA:PORT"),
+    ([], "SKU=cpu\nIB_LINK_LAYER=RoCE\n", "IB_LINK_LAYER=RoCE: use InfiniBand or Ethernet"),
+    ([], "SKU=cpu\nTHRESHOLDS_DIR=/nowhere\n", "THRESHOLDS_DIR"),
+])
+def test_bad_usage_and_config_exit_2(ib: Node, args: list[str], config: str | None, message: str) -> None:
+    if config is not None:
+        (ib.root / "etc/lingjun-slurm/health.conf").write_text(config)
+    proc = ib.run(*args)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert ib.calls() == [] and proc.stdout == ""
+
+
+def test_missing_config_needs_sku(ib: Node) -> None:
+    (ib.root / "etc/lingjun-slurm/health.conf").unlink()
+    proc = ib.run()
+    assert proc.returncode == 2 and "no config at" in proc.stderr
+    proc = ib.run("--sku", "Standard_ND96isr_H200_v5", "--no-drain")
+    assert proc.returncode == 0 and "SKIP gpu-xid no kernel log under --root (set KERNEL_LOG)" in lines(proc)
+
+
+def test_config_is_parsed_never_sourced(ib: Node, tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    (ib.root / "etc/lingjun-slurm/health.conf").write_text(
+        f'SKU="Standard_ND96isr_H200_v5"\nKERNEL_LOG=/var/log/kern.log\nENROOT_IMAGE=$(touch {marker})\n')
+    proc = ib.run("--no-drain")
+    assert not marker.exists()
+    assert f"OK enroot-start enroot started $(touch {marker})" in proc.stdout
+
+
+def test_root_from_environment(ib: Node) -> None:
+    env = {"LINGJUN_HEALTH_ROOT": str(ib.root)}
+    proc = ib.run("--no-drain", **env)
+    assert proc.returncode == 0
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "SLURM"))}
+    full.update(PATH=f"{ib.bin}:{os.environ['PATH']}", FAKE_SMI_DIR=str(ib.smi_dir), **env)
+    proc = subprocess.run(["bash", str(REPO / "lingjun_slurm/health/lingjun-health"), "--no-drain", "--node", "n1"],
+                          capture_output=True, text=True, env=full)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_xid_from_dmesg_without_root(ib: Node, tmp_path: Path) -> None:
+    """Without --root and KERNEL_LOG the kernel log is `dmesg` (a stand-in here: the host's ring
+    buffer holds no XIDs); only the GPU checks apply (the host has no RDMA or NCCL config)."""
+    dmesg = ib.bin / "dmesg"
+    dmesg.write_text(f"#!/bin/sh\ncat {ib.root / 'var/log/kern.log'}\n")
+    dmesg.chmod(0o755)
+    config = tmp_path / "health.conf"
+    config.write_text(f"SKU=Standard_ND96isr_H200_v5\nIB_PORTS=\nIB_PORT_COUNT=0\nNCCL_CONF={tmp_path}/none\n"
+                      f"ENROOT_CONF={tmp_path}/none\nSTATE_DIR={tmp_path}/state\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "SLURM"))}
+    env.update(PATH=f"{ib.bin}:{os.environ['PATH']}", FAKE_SMI_DIR=str(ib.smi_dir))
+    argv = ["bash", str(REPO / "lingjun_slurm/health/lingjun-health"), "--config", str(config), "--no-drain"]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+    assert proc.returncode == 0 and "OK gpu-xid no XIDs in the kernel log" in lines(proc), proc.stdout + proc.stderr
+    ib.change(kernel_log="xid79.log")
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+    assert proc.returncode == 1 and lines(proc, "FAIL") == ["FAIL gpu-xid GPU 3 XID 79"], proc.stdout
+    dmesg.write_text("#!/bin/sh\necho 'dmesg: read kernel buffer failed: Operation not permitted' >&2\nexit 1\n")
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+    assert lines(proc, "FAIL") == ["FAIL gpu-xid cannot read the kernel log (dmesg rc 1: dmesg: read kernel buffer "
+                                   "failed: Operation not permitted)"]
