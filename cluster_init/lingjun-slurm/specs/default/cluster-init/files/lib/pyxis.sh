@@ -1,0 +1,160 @@
+# shellcheck shell=bash disable=SC2034 # globals are shared by the lib/*.sh files install.sh sources
+# pyxis: build spank_pyxis.so from the pinned, checksum-verified source tarball against the
+# installed Slurm's headers (or install a provided build), and enable it in plugstack.conf.
+
+LJ_PYXIS_PLUGIN=""     # node path of the installed plugin
+LJ_PYXIS_TARBALL=""    # verified source tarball, when a build is needed
+LJ_PYXIS_INCLUDE=""    # node path of the directory holding slurm/spank.h
+LJ_PYXIS_STAMP_TEXT="" # what the build stamp must say for the installed plugin to be current
+LJ_SLURMD_RESTART=0
+readonly LJ_PYXIS_STAMP=/var/lib/lingjun-slurm/pyxis.stamp
+
+# lj_slurm_conf_value KEY: a slurm.conf setting (keys are case-insensitive), or nothing.
+lj_slurm_conf_value() {
+    local conf
+    conf=$(lj_path "$(lj_cfg slurm.conf_dir)/slurm.conf")
+    [ -r "$conf" ] || return 0
+    awk -v k="${1,,}" '{ line = $0; sub(/#.*/, "", line) }
+        match(line, /^[ \t]*[A-Za-z]+[ \t]*=/) {
+            key = substr(line, 1, RLENGTH - 1); gsub(/[ \t]/, "", key)
+            if (tolower(key) == k) { v = substr(line, RLENGTH + 1); gsub(/^[ \t]+|[ \t]+$/, "", v) }
+        }
+        END { if (v != "") print v }' "$conf"
+}
+
+lj_pyxis_plugin_dir() {
+    local dir arch
+    dir=$(lj_cfg pyxis.plugin_dir)
+    if [ -z "$dir" ]; then
+        dir=$(lj_slurm_conf_value PluginDir)
+        dir=${dir%%:*}
+    fi
+    if [ -z "$dir" ]; then
+        arch=$(uname -m)
+        for dir in /usr/lib64/slurm "/usr/lib/$arch-linux-gnu/slurm-wlm" "/usr/lib/$arch-linux-gnu/slurm" \
+            /usr/lib/slurm /usr/local/lib/slurm /opt/slurm/lib/slurm ""; do
+            [ -n "$dir" ] && compgen -G "$(lj_path "$dir")/*.so" >/dev/null && break
+        done
+    fi
+    [ -n "$dir" ] || lj_die 2 "cannot find Slurm's plugin directory (no PluginDir in slurm.conf, no Slurm plugins in the usual places): set lingjun_slurm.pyxis.plugin_dir"
+    printf '%s' "$dir"
+}
+
+lj_pyxis_find_include() {
+    local dir
+    dir=$(lj_cfg pyxis.slurm_include)
+    if [ -n "$dir" ]; then
+        [ -f "$(lj_path "$dir")/slurm/spank.h" ] || lj_die 2 "lingjun_slurm.pyxis.slurm_include: no slurm/spank.h under $dir"
+        printf '%s' "$dir"
+        return 0
+    fi
+    for dir in /usr/include /usr/local/include /opt/slurm/include; do
+        if [ -f "$(lj_path "$dir")/slurm/spank.h" ]; then
+            printf '%s' "$dir"
+            return 0
+        fi
+    done
+    lj_die 2 "no Slurm headers (slurm/spank.h) to build pyxis against: install the development package of the Slurm that runs here (libslurm-dev, slurm-devel, ...), set lingjun_slurm.pyxis.slurm_include, or use lingjun_slurm.pyxis.mode: provided"
+}
+
+# The build is current when the stamp records this pyxis version, this tarball and these
+# Slurm headers, and the installed plugin is the one that build produced.
+lj_pyxis_build_current() {
+    local stamp plugin recorded
+    stamp=$(lj_path "$LJ_PYXIS_STAMP")
+    plugin=$(lj_path "$LJ_PYXIS_PLUGIN")
+    [ -f "$stamp" ] && [ -f "$plugin" ] || return 1
+    recorded=$(sed -n 's/^plugin_sha256=//p' "$stamp")
+    [ "$(grep -v '^plugin_sha256=' "$stamp")" = "$LJ_PYXIS_STAMP_TEXT" ] && [ "$recorded" = "$(lj_sha256 "$plugin")" ]
+}
+
+# Before any change: decide whether pyxis must be built, and fetch and verify what it needs.
+lj_pyxis_preflight() {
+    local mode version file headers inc provided expected
+    mode=$(lj_cfg pyxis.mode)
+    [ "$mode" != skip ] || return 0
+    LJ_PYXIS_PLUGIN="$(lj_pyxis_plugin_dir)/spank_pyxis.so"
+    if [ "$mode" = provided ]; then
+        provided=$(lj_cfg pyxis.provided_plugin)
+        [ -n "$provided" ] || lj_die 2 "lingjun_slurm.pyxis.mode is provided but lingjun_slurm.pyxis.provided_plugin is empty"
+        [ -f "$(lj_path "$provided")" ] || lj_die 2 "lingjun_slurm.pyxis.provided_plugin: $provided does not exist"
+        expected=$(lj_cfg pyxis.provided_sha256)
+        if [ -n "$expected" ] && [ "$(lj_sha256 "$(lj_path "$provided")")" != "$expected" ]; then
+            lj_die "checksum mismatch for $provided: expected $expected (lingjun_slurm.pyxis.provided_sha256); refusing it"
+        fi
+        return 0
+    fi
+    version=$(lj_cfg pyxis.version)
+    file="pyxis-$version.tar.gz"
+    lj_require_checksum "$file"
+    LJ_PYXIS_INCLUDE=$(lj_pyxis_find_include)
+    inc=$(lj_path "$LJ_PYXIS_INCLUDE")
+    headers=$(cat "$inc/slurm/spank.h" "$inc"/slurm/slurm_version.h 2>/dev/null | sha256sum)
+    LJ_PYXIS_STAMP_TEXT=$(printf 'version=%s\ntarball_sha256=%s\nslurm_headers_sha256=%s\nplugin=%s' \
+        "$version" "$(lj_checksum_for "$file")" "${headers%% *}" "$LJ_PYXIS_PLUGIN")
+    if lj_pyxis_build_current; then
+        lj_log "pyxis $version is built and installed at $LJ_PYXIS_PLUGIN"
+        return 0
+    fi
+    lj_fetch "$file" "https://github.com/NVIDIA/pyxis/archive/refs/tags/v$version.tar.gz"
+    LJ_PYXIS_TARBALL=$LJ_FETCHED
+}
+
+lj_pyxis_build() {
+    local src stage so top
+    if ! command -v make >/dev/null 2>&1 || ! command -v gcc >/dev/null 2>&1; then
+        lj_pkg_install make gcc
+    fi
+    src="$LJ_WORK/pyxis-src"
+    stage="$LJ_WORK/pyxis-stage"
+    mkdir -p -- "$src" "$stage"
+    tar -xzf "$LJ_PYXIS_TARBALL" -C "$src"
+    top=$(find "$src" -mindepth 1 -maxdepth 1 -type d | head -n 1)
+    [ -f "$top/Makefile" ] || lj_die "the pyxis tarball has no Makefile"
+    lj_log "run: make (pyxis $(lj_cfg pyxis.version), CPPFLAGS=-I$LJ_PYXIS_INCLUDE) && make install"
+    # CPPFLAGS goes in the environment: pyxis's Makefile appends it to its own flags, which
+    # a command-line CPPFLAGS=... would replace.
+    if ! (cd "$top" && env CPPFLAGS="-I$(lj_path "$LJ_PYXIS_INCLUDE")" make &&
+        make install DESTDIR="$stage" prefix=/usr libdir=/lib) >"$LJ_WORK/pyxis-build.log" 2>&1; then
+        cat "$LJ_WORK/pyxis-build.log" >&2
+        lj_die "building pyxis failed (output above)"
+    fi
+    so=$(find "$stage" -name spank_pyxis.so -type f | head -n 1)
+    [ -n "$so" ] || lj_die "pyxis's make install produced no spank_pyxis.so"
+    lj_install_file "$so" "$LJ_PYXIS_PLUGIN" 0644
+    [ "$LJ_LAST_CHANGED" -eq 0 ] || LJ_SLURMD_RESTART=1
+    { printf '%s\n' "$LJ_PYXIS_STAMP_TEXT"; printf 'plugin_sha256=%s\n' "$(lj_sha256 "$so")"; } |
+        lj_install_text "$LJ_PYXIS_STAMP" 0644
+}
+
+lj_pyxis_runtime_path() {
+    local path
+    path=$(lj_cfg pyxis.runtime_path)
+    if [ -z "$path" ]; then
+        if [ -n "$LJ_SCRATCH" ]; then path="$LJ_SCRATCH/enroot/pyxis"; else path=/run/pyxis; fi
+    fi
+    printf '%s' "$path"
+}
+
+lj_pyxis_install() {
+    local mode conf_dir runtime options
+    mode=$(lj_cfg pyxis.mode)
+    [ "$mode" != skip ] || return 0
+    conf_dir=$(lj_cfg slurm.conf_dir)
+    if [ "$mode" = provided ]; then
+        lj_install_file "$(lj_path "$(lj_cfg pyxis.provided_plugin)")" "$LJ_PYXIS_PLUGIN" 0644
+        [ "$LJ_LAST_CHANGED" -eq 0 ] || LJ_SLURMD_RESTART=1
+    elif [ -n "$LJ_PYXIS_TARBALL" ]; then
+        lj_pyxis_build
+    fi
+    runtime=$(lj_pyxis_runtime_path)
+    [ -z "$LJ_SCRATCH" ] || lj_ensure_dir "$runtime" 0755
+    options=$(lj_cfg pyxis.options)
+    {
+        printf '# Managed by lingjun-slurm cluster-init: set lingjun_slurm.pyxis.* instead.\n'
+        printf 'required %s runtime_path=%s%s\n' "$LJ_PYXIS_PLUGIN" "$runtime" "${options:+ $options}"
+    } | lj_install_text "$conf_dir/plugstack.conf.d/pyxis.conf" 0644
+    [ "$LJ_LAST_CHANGED" -eq 0 ] || LJ_SLURMD_RESTART=1
+    lj_plugstack_include "$conf_dir"
+    [ "$LJ_LAST_CHANGED" -eq 0 ] || LJ_SLURMD_RESTART=1
+}

@@ -1,0 +1,69 @@
+# shellcheck shell=bash disable=SC2034 # globals are shared by the lib/*.sh files install.sh sources
+# What each role (CycleCloud spec) installs. Every role checks everything it can first
+# (configuration, NCCL profile, checksums, downloads) and changes the node only after that.
+
+# lj_state_write ROLE KEY=VALUE...: /etc/lingjun-slurm/installed-ROLE.env, what this role
+# installed, for the spec's node tests (CycleCloud's testing mode) and for admins.
+lj_state_write() {
+    local role=$1 pair
+    shift
+    {
+        printf '# Written by lingjun-slurm cluster-init (%s spec); read by its node tests.\n' "$role"
+        printf 'ROLE=%s\nOS_FAMILY=%s\n' "$role" "$LJ_OS_FAMILY"
+        for pair in "$@"; do
+            printf '%s\n' "$pair"
+        done
+    } | lj_install_text "/etc/lingjun-slurm/installed-$role.env" 0644
+}
+
+lj_role_default() {
+    lj_ensure_dir /etc/lingjun-slurm 0755
+    lj_state_write default "CONFIG_MODE=$LJ_CONFIG_MODE"
+}
+
+lj_role_execute() {
+    local pyxis_mode
+    pyxis_mode=$(lj_cfg pyxis.mode)
+    lj_instance_type
+    if lj_cfg_true nccl.enabled; then
+        lj_nccl_select
+    fi
+    LJ_SKU=${LJ_SKU:-$LJ_NCCL_PROFILE}
+    lj_health_preflight
+    lj_enroot_credentials_preflight
+    lj_enroot_preflight
+    lj_pyxis_preflight
+
+    lj_ensure_dir /etc/lingjun-slurm 0755
+    lj_storage_setup
+    lj_enroot_install
+    lj_enroot_configure
+    lj_enroot_credentials
+    lj_pyxis_install
+    if lj_cfg_true nccl.enabled; then
+        lj_nccl_install
+    fi
+    lj_health_install
+    lj_state_write execute "SCRATCH=$LJ_SCRATCH" \
+        "ENROOT_INSTALL=$(lj_cfg enroot.install)" "ENROOT_VERSION=$(lj_cfg enroot.version)" \
+        "HOOKS=$(lj_cfg enroot.hooks)" "PYXIS_MODE=$pyxis_mode" "PYXIS_PLUGIN=$LJ_PYXIS_PLUGIN" \
+        "SLURM_CONF_DIR=$(lj_cfg slurm.conf_dir)" "NCCL_PROFILE=$LJ_NCCL_PROFILE" "SKU=$LJ_SKU" \
+        "HEALTH=$(lj_cfg health.enabled)" "CREDENTIALS=$([ -n "$LJ_CRED_STAGED" ] && echo true || echo false)"
+    lj_slurmd_restart_mark
+    lj_health_boot_check
+    lj_slurmd_restart_if_needed
+}
+
+# Scheduler and login nodes: the pyxis plugin and its plugstack entry, so that
+# srun/sbatch --container-* parse there; no enroot.
+lj_role_submit_host() {
+    local role=$1
+    lj_pyxis_preflight
+    lj_ensure_dir /etc/lingjun-slurm 0755
+    lj_pyxis_install
+    if [ "$role" = scheduler ]; then
+        lj_slurm_health_conf
+    fi
+    lj_state_write "$role" "PYXIS_MODE=$(lj_cfg pyxis.mode)" "PYXIS_PLUGIN=$LJ_PYXIS_PLUGIN" \
+        "SLURM_CONF_DIR=$(lj_cfg slurm.conf_dir)" "HEALTH=$(lj_cfg health.enabled)"
+}

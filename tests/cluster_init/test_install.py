@@ -1,0 +1,263 @@
+"""The cluster-init installer on sandboxed fresh nodes: what each role installs, with which
+modes, and that a second run changes nothing (no "changed:" line, no mtime moves, slurmd
+restarted only the first time)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from tests.cluster_init.node import ENROOT_VERSION, PROJECT, PYXIS_VERSION, SLURM_CONF, Node
+
+
+def changes(stdout: str) -> list[str]:
+    return [line for line in stdout.splitlines() if "] changed: " in line]
+
+
+def node_test(node: Node, role: str) -> subprocess.CompletedProcess[str]:
+    """The spec's own CycleCloud node test, run against the sandboxed node."""
+    script = node.project / f"specs/{role}/cluster-init/tests/test_{role}.sh"
+    return subprocess.run(["bash", str(script)], env=node.env(), capture_output=True, text=True, timeout=30)
+
+
+def assert_idempotent(node: Node, role: str) -> subprocess.CompletedProcess[str]:
+    before = node.snapshot()
+    node.clear_calls()
+    again = node.run(role)
+    assert again.returncode == 0, again.stderr
+    assert changes(again.stdout) == []
+    assert f"done ({role}): 0 change(s)" in again.stdout
+    after = node.snapshot()
+    moved = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+    assert moved == [], f"second run touched: {moved}"
+    calls = node.calls()
+    assert not [c for c in calls if c.startswith(("apt-get", "dnf", "yum", "mdadm", "mkfs", "mount ", "scontrol"))]
+    assert "systemctl restart slurmd" not in calls
+    return again
+
+
+@pytest.mark.parametrize("os_family", ["ubuntu", "rhel"])
+def test_execute_fresh_node_then_nothing_changes(make_node, os_family):
+    node = make_node(os_family)
+    node.service_running("slurmd")
+    first = node.run("execute")
+    assert first.returncode == 0, first.stderr
+    calls = node.calls()
+    installer = "apt-get install" if os_family == "ubuntu" else "dnf install"
+    pkg = "enroot+caps_" if os_family == "ubuntu" else "enroot+caps-"
+    assert any(c.startswith(installer) and pkg in c for c in calls)
+    assert calls.count("systemctl restart slurmd") == 1
+    assert "lingjun-health --boot" in calls
+
+    modes = {"/etc/enroot/enroot.conf": 0o644, "/etc/enroot/hooks.d/50-slurm-pmi.sh": 0o755,
+             "/etc/enroot/hooks.d/50-slurm-pytorch.sh": 0o755, "/etc/enroot/environ.d/50-lingjun-mellanox.env": 0o644,
+             "/usr/lib64/slurm/spank_pyxis.so": 0o644, "/etc/slurm/plugstack.conf.d/pyxis.conf": 0o644,
+             "/etc/nccl.conf": 0o644, "/usr/local/sbin/lingjun-health": 0o755,
+             "/etc/lingjun-slurm/health.conf": 0o644, "/tmp/enroot/data": 0o1777, "/tmp/enroot/pyxis": 0o755}
+    for path, mode in modes.items():
+        assert node.mode(path) == mode, path
+    assert node.path("/usr/bin/enroot").is_file(), "the package's files were not installed"
+
+    enroot_conf = node.path("/etc/enroot/enroot.conf").read_text()
+    assert "ENROOT_DATA_PATH /tmp/enroot/data/user-$(id -u)\n" in enroot_conf
+    assert "ENROOT_SQUASH_OPTIONS -noI -noD -noF -noX -no-duplicates\n" in enroot_conf
+    assert "ENROOT_CONFIG_PATH" not in enroot_conf
+    assert node.path("/etc/slurm/plugstack.conf.d/pyxis.conf").read_text().endswith(
+        "required /usr/lib64/slurm/spank_pyxis.so runtime_path=/tmp/enroot/pyxis\n")
+    plugin = node.path("/usr/lib64/slurm/spank_pyxis.so").read_text()
+    assert '-DPYXIS_VERSION=\\"0.24.0\\"' in plugin, "CPPFLAGS must reach make through the environment"
+    assert "spank.h of Slurm 23.11" in plugin, "built against the node's Slurm headers"
+    expected_nccl = node.project / "specs/execute/cluster-init/files/nccl/azure-nd-h100-v5.conf"
+    assert node.path("/etc/nccl.conf").read_text() == expected_nccl.read_text()
+    health = node.path("/etc/lingjun-slurm/health.conf").read_text().splitlines()
+    assert health[1:] == ["SKU=Standard_ND96isr_H100_v5", "THRESHOLDS_DIR=/etc/lingjun-slurm/health/thresholds",
+                          "NCCL_CONF=/etc/nccl.conf", "ENROOT_CONF=/etc/enroot/enroot.conf", "ENROOT_IMAGE=",
+                          "MIN_FREE_GB=20"]
+    thresholds = sorted(p.name for p in (node.project / "specs/execute/cluster-init/files/health/thresholds").glob("*.conf"))
+    assert sorted(p.name for p in node.path("/etc/lingjun-slurm/health/thresholds").iterdir()) == thresholds
+
+    check = node_test(node, "execute")
+    assert check.returncode == 0, check.stdout
+    assert "FAIL" not in check.stdout
+    assert_idempotent(node, "execute")
+
+
+def test_scheduler_gets_pyxis_and_the_health_check_settings(make_node):
+    node = make_node()
+    node.service_running("slurmctld")
+    first = node.run("scheduler")
+    assert first.returncode == 0, first.stderr
+    conf = node.path("/etc/slurm/slurm.conf").read_text()
+    assert "#lingjun-slurm# HealthCheckProgram=/sched/lingjun/health.sh\n" in conf
+    assert "#lingjun-slurm# HealthCheckInterval=60\n" in conf
+    block = conf[conf.index("# BEGIN lingjun-slurm health checks"):]
+    assert "HealthCheckProgram=/usr/local/sbin/lingjun-health\nHealthCheckInterval=300\nHealthCheckNodeState=IDLE\n" in block
+    assert node.calls().count("scontrol reconfigure") == 1
+    assert node.mode("/usr/lib64/slurm/spank_pyxis.so") == 0o644
+    assert "runtime_path=/run/pyxis" in node.path("/etc/slurm/plugstack.conf.d/pyxis.conf").read_text()
+    assert not node.path("/etc/enroot").exists(), "the scheduler needs no enroot"
+    assert not node.path("/etc/nccl.conf").exists()
+    check = node_test(node, "scheduler")
+    assert check.returncode == 0, check.stdout
+    assert_idempotent(node, "scheduler")
+
+    node.config["lingjun_slurm.health.enabled"] = "false"
+    off = node.run("scheduler")
+    assert off.returncode == 0, off.stderr
+    assert node.path("/etc/slurm/slurm.conf").read_text() == SLURM_CONF, "disabling restores the original settings"
+
+
+def test_scheduler_writes_through_cyclecloud_symlink(make_node):
+    node = make_node()
+    shared = node.path("/sched/lingjun/slurm.conf")
+    shared.parent.mkdir(parents=True)
+    link = node.path("/etc/slurm/slurm.conf")
+    shared.write_text(link.read_text())
+    link.unlink()
+    link.symlink_to(shared)
+    result = node.run("scheduler")
+    assert result.returncode == 0, result.stderr
+    assert link.is_symlink(), "CycleCloud's link to /sched must stay a link"
+    assert "HealthCheckProgram=/usr/local/sbin/lingjun-health" in shared.read_text()
+    assert "scontrol reconfigure" not in node.calls(), "slurmctld is not running here"
+
+
+def test_login_gets_pyxis_only(make_node):
+    node = make_node()
+    result = node.run("login")
+    assert result.returncode == 0, result.stderr
+    assert node.mode("/usr/lib64/slurm/spank_pyxis.so") == 0o644
+    assert node.path("/etc/slurm/slurm.conf").read_text() == SLURM_CONF
+    assert not node.path("/etc/enroot").exists()
+    check = node_test(node, "login")
+    assert check.returncode == 0, check.stdout
+    assert_idempotent(node, "login")
+
+
+def test_default_spec_checks_the_configuration(make_node):
+    node = make_node()
+    result = node.run("default")
+    assert result.returncode == 0, result.stderr
+    assert "lingjun_slurm.enroot.version = " + ENROOT_VERSION in result.stdout
+    assert node_test(node, "default").returncode == 0
+    assert_idempotent(node, "default")
+
+
+def test_plugstack_include_is_added_once(make_node):
+    node = make_node()
+    node.path("/etc/slurm/plugstack.conf").write_text("optional /usr/lib64/slurm/other.so\n")
+    assert node.run("login").returncode == 0
+    assert node.path("/etc/slurm/plugstack.conf").read_text() == (
+        "optional /usr/lib64/slurm/other.so\n"
+        "# Added by lingjun-slurm cluster-init: SPANK plugins such as pyxis\n"
+        "include /etc/slurm/plugstack.conf.d/*\n")
+    assert_idempotent(node, "login")
+
+
+def test_file_mode_gives_the_same_node_as_jetpack_mode(make_node):
+    config = {"lingjun_slurm.nccl.instance_type": "ml.gu7xf.8xlarge-gu108",
+              "lingjun_slurm.pyxis.options": "container_scope=global sbatch_support=1",
+              "lingjun_slurm.health.enroot_image": "nvcr.io#nvidia/pytorch:24.05-py3"}
+    by_jetpack, by_file = make_node(config=config), make_node(config=config)
+    for node in (by_jetpack, by_file):
+        node.service_running("slurmd")
+    a = by_jetpack.run("execute")
+    b = by_file.run("execute", mode="file")
+    assert a.returncode == 0, a.stderr
+    assert b.returncode == 0, b.stderr
+    assert by_jetpack.tree() == by_file.tree()
+    assert "NCCL_IB_GID_INDEX=3" in by_file.path("/etc/nccl.conf").read_text()
+    assert "SKU=ml.gu7xf.8xlarge-gu108" in by_file.path("/etc/lingjun-slurm/health.conf").read_text()
+    assert changes(by_file.run("execute", mode="file").stdout) == []
+    assert [c for c in by_file.calls() if c.startswith("jetpack")] == []
+
+
+def test_changed_config_is_applied_and_restarts_slurmd_again(make_node):
+    node = make_node()
+    node.service_running("slurmd")
+    assert node.run("execute").returncode == 0
+    node.clear_calls()
+    node.config["lingjun_slurm.pyxis.options"] = "sbatch_support=1"
+    node.config["lingjun_slurm.nccl.profile"] = "generic-ib"
+    result = node.run("execute")
+    assert result.returncode == 0, result.stderr
+    assert sorted(changes(result.stdout)) == sorted([
+        "[lingjun-slurm] changed: /etc/slurm/plugstack.conf.d/pyxis.conf",
+        "[lingjun-slurm] changed: /etc/nccl.conf",
+        "[lingjun-slurm] changed: /etc/lingjun-slurm/installed-execute.env"])
+    assert "systemctl restart slurmd" in node.calls()
+    assert "lingjun-health --boot" not in node.calls(), "the boot check runs once per boot"
+
+
+def test_slurmd_not_running_is_left_alone(make_node):
+    node = make_node()
+    result = node.run("execute")
+    assert result.returncode == 0, result.stderr
+    assert "systemctl restart slurmd" not in node.calls()
+    assert "slurmd is not running" in result.stdout
+
+
+def test_pyxis_rebuilt_when_the_slurm_headers_change(make_node):
+    node = make_node()
+    assert node.run("login").returncode == 0
+    node.path("/usr/include/slurm/spank.h").write_text("/* spank.h of Slurm 24.05 (stand-in) */\n")
+    result = node.run("login")
+    assert result.returncode == 0, result.stderr
+    assert "changed: /usr/lib64/slurm/spank_pyxis.so" in result.stdout
+    assert "Slurm 24.05" in node.path("/usr/lib64/slurm/spank_pyxis.so").read_text()
+
+
+def test_provided_pyxis_build(make_node):
+    node = make_node(config={"lingjun_slurm.pyxis.mode": "provided",
+                             "lingjun_slurm.pyxis.provided_plugin": "/shared/pyxis/spank_pyxis.so"})
+    prebuilt = node.path("/shared/pyxis/spank_pyxis.so")
+    prebuilt.parent.mkdir(parents=True)
+    prebuilt.write_bytes(b"\x7fELF prebuilt pyxis " + PYXIS_VERSION.encode())
+    result = node.run("login")
+    assert result.returncode == 0, result.stderr
+    assert node.path("/usr/lib64/slurm/spank_pyxis.so").read_bytes() == prebuilt.read_bytes()
+    assert not [c for c in node.calls() if "make" in c]
+    assert_idempotent(node, "login")
+
+
+def test_failed_boot_health_check_fails_cluster_init_unless_warn(make_node):
+    node = make_node()
+    node.service_running("slurmd")
+    failed = node.run("execute", extra_env={"STANDIN_HEALTH_RC": "1"})
+    assert failed.returncode == 1
+    assert "the boot health check failed" in failed.stderr
+    assert "systemctl restart slurmd" not in node.calls(), "a failed node is not restarted into service"
+    node.config["lingjun_slurm.health.boot_check"] = "warn"
+    node.clear_calls()
+    warned = node.run("execute", extra_env={"STANDIN_HEALTH_RC": "1"})
+    assert warned.returncode == 0, warned.stderr
+    assert "continuing (lingjun_slurm.health.boot_check is warn)" in warned.stderr
+    assert "systemctl restart slurmd" in node.calls(), "the restart the failed run owed is done now"
+    node.clear_calls()
+    assert node.run("execute").returncode == 0
+    assert "systemctl restart slurmd" not in node.calls()
+
+
+GENERATED_HEALTH = PROJECT / "specs/execute/cluster-init/files/health/lingjun-health"
+
+
+@pytest.mark.skipif(not GENERATED_HEALTH.is_file(), reason="the generated health checks are not in cluster_init/ yet")
+def test_generated_health_program_accepts_the_installed_config(make_node):
+    """The real lingjun-health, installed by the execute spec, reads the health.conf the
+    installer wrote (no usage error, exit 2) and runs its checks against the sandboxed node:
+    without GPUs they fail, so it drains the node through scontrol (a stand-in here)."""
+    node = make_node(real_health=True, config={"lingjun_slurm.health.boot_check": "warn"})
+    result = node.run("execute")
+    assert result.returncode == 0, result.stderr
+    assert node.path("/usr/local/sbin/lingjun-health").read_bytes() == GENERATED_HEALTH.read_bytes()
+    assert node.mode("/usr/local/sbin/lingjun-health") == 0o755
+    assert "lingjun-health --boot exited 2" not in result.stderr, "health.conf or thresholds rejected"
+    assert "the boot health check failed (lingjun-health --boot exited 1)" in result.stderr
+    assert [c for c in node.calls() if c.startswith("scontrol update") and "State=DRAIN Reason=lingjun-health: " in c]
+    check = subprocess.run([str(node.path("/usr/local/sbin/lingjun-health")), "--no-drain"],
+                           env=node.env({"LINGJUN_HEALTH_ROOT": str(node.root)}), capture_output=True, text=True)
+    assert check.returncode == 1, check.stderr
+    assert "FAIL gpu-count 0 GPUs, expected 8" in check.stdout, "thresholds found from SKU= in health.conf"
+    space = [line for line in check.stdout.splitlines() if " enroot-space " in line]
+    assert space and "/tmp/enroot/" in space[0], "enroot's paths are read from ENROOT_CONF"
