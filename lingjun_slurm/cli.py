@@ -159,13 +159,17 @@ def nccl_env(profile: Optional[str], instance_type: Optional[str], fmt: str, set
     if bool(profile) == bool(instance_type):
         raise UsageError("give exactly one of --profile NAME or --instance-type TYPE (see --list)")
     prof = network.get_profile(profile) if profile else network.profile_for_instance(instance_type or "")
+    from .spec.models import ENV_NAME_RE
+
     overrides: dict[str, Optional[str]] = {}
     for item in sets:
         key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--set {item!r}: expected KEY=VALUE")
+        if not sep or not re.fullmatch(ENV_NAME_RE, key):
+            raise UsageError(f"--set {item!r}: expected KEY=VALUE with KEY an environment variable name")
         overrides[key] = value
     for key in unsets:
+        if not re.fullmatch(ENV_NAME_RE, key):
+            raise UsageError(f"--unset {key!r}: expected an environment variable name")
         overrides[key] = None
     click.echo(network.render(network.resolve(prof, overrides), fmt), nl=False)
 

@@ -124,3 +124,13 @@ def test_profile_names_and_keys_are_well_formed() -> None:
         assert len(names) == len(set(names)), prof.name
     with pytest.raises(UsageError):
         network.render(network.resolve(network.get_profile("tcp")), "toml")
+
+
+@pytest.mark.parametrize("args", [["--set", "A$(touch x)=1"], ["--set", "A,B=1"], ["--set", "=1"],
+                                  ["--unset", "A;touch x"], ["--unset", "1A"]])
+def test_nccl_env_refuses_names_that_are_not_variable_names(capsys, tmp_path, monkeypatch, args) -> None:
+    """Names reach `export NAME=...` lines that users source: only variable names pass."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(capsys, "nccl-env", "--profile", "lingjun", *args)
+    assert code == 2 and out == "" and args[0] in err
+    assert list(tmp_path.iterdir()) == []
