@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shlex
 import sys
@@ -54,10 +55,22 @@ def _network(profile: Optional[str], instance_type: Optional[str], sets: tuple[s
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise UsageError(f"--set {item!r}: expected KEY=VALUE")
+        _env_name(key, f"--set {item!r}")
         overrides[key] = value
     for key in unsets:
+        _env_name(key, f"--unset {key!r}")
         overrides[key] = None
     return prof, network.resolve(prof, overrides)
+
+
+def _env_name(key: str, option: str) -> None:
+    """The name lands unquoted on `export NAME=...`/`unset NAME` lines and in pyxis' comma-separated
+    --container-env list: an environment variable name only."""
+    from .spec.models import ENV_NAME_RE
+
+    if not re.fullmatch(ENV_NAME_RE, key):
+        raise UsageError(f"{option}: {key!r} is not an environment variable name (letters, digits and '_', "
+                         "not starting with a digit)")
 
 
 def _references(prof: Any, expects: tuple[str, ...]) -> list[Any]:
@@ -118,7 +131,20 @@ def _chart(report: "Report", path: str) -> None:
         return
     thresholds = tuple(Threshold(f"{o.verdict.reference.describe()}", o.verdict.reference.busbw_gbps)
                        for o in report.ops if o.verdict.reference is not None)
-    report.chart = write_chart(path, series, title=report.title, thresholds=thresholds)
+    report.chart = _write_chart(write_chart, path, series, title=report.title, thresholds=thresholds)
+
+
+def _write_chart(write: Callable[..., str], path: str, *args: Any, **kwargs: Any) -> Optional[str]:
+    """The chart, or a warning when it cannot be written: the report (and its verdict) still comes."""
+    from .errors import LingjunError
+
+    try:
+        return write(path, *args, **kwargs)
+    except UsageError:
+        raise
+    except LingjunError as exc:
+        click.echo(f"warning: no chart: {exc}", err=True)
+        return None
 
 
 @click.command("nccl-test")
@@ -164,7 +190,7 @@ def _chart(report: "Report", path: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (schema 1).")
 @click.option("--bisect", is_flag=True, help="Find slow nodes of --nodelist with 2-node all_reduce pairs.")
 @click.option("--poll-interval", type=click.FloatRange(0.1, 600), default=5.0, show_default=True,
-              help="Seconds between queue polls (one squeue for every job).")
+              help="Seconds between queue polls (one squeue covers every job).")
 def nccl_test(report_paths: tuple[str, ...], **params: Any) -> None:
     """Run nccl-tests (all_reduce_perf, all_gather_perf) across nodes; report busbw and a verdict.
 
@@ -189,6 +215,9 @@ def _report_mode(paths: list[str], p: dict[str, Any]) -> None:
 
     if not paths:
         raise UsageError("--report needs the output file(s) or run directory(ies) to read")
+    missing = [x for x in paths if not os.path.exists(x)]
+    if missing:
+        raise UsageError(f"--report: no such file or directory: {', '.join(missing)}")
     prof, _ = _network(p["profile"], p["instance_type"], (), (), required=False)
     refs = _references(prof, p["expects"])
     if not p["no_chart"]:
@@ -241,6 +270,8 @@ def _run_mode(p: dict[str, Any]) -> None:
                          "(bisection rounds depend on the results of the previous round)")
     if p["bisect"] and not p["nodelist"]:
         raise UsageError("--bisect needs --nodelist (the nodes to test, at least 3)")
+    if p["bisect"] and p["no_wait"]:
+        raise UsageError("--bisect takes no --no-wait: each round is chosen from the results of the one before")
     # The default is unique: two runs started in the same second must not share their outputs.
     where = p["render_dir"] or p["outdir"] or f"nccl-test-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
     out_dir = str(Path(where).expanduser().absolute())
@@ -261,6 +292,7 @@ def _run_mode(p: dict[str, Any]) -> None:
         nodes = len(names) or nodes
     job = _job(p, prof, net, out_dir, nodes)
     check(job)
+    _check_expects(job, [r for r in refs if r.nodes is None], ("all_reduce",) if p["bisect"] else job.ops)
     if p["render_dir"]:
         _render_only(t, job)
         return
@@ -271,6 +303,26 @@ def _run_mode(p: dict[str, Any]) -> None:
         _bisect(t, job, names, refs, p)
         return
     _submit_and_report(t, job, prof, refs, p)
+
+
+def _check_expects(job: "NcclJob", mine: list[Any], ops: tuple[str, ...]) -> None:
+    """An --expect the job cannot answer is refused before anything is submitted: its op is not run,
+    or its size is not one of the sizes nccl-tests measures (-b, -b*f, -b*f^2, ... up to -e)."""
+    from .nccltests.sizes import human_size, nccl_size
+
+    sizes = []
+    size = job.min_bytes
+    while size <= job.max_bytes:
+        sizes.append(size)
+        size *= job.step_factor
+    for ref in mine:
+        if ref.op not in ops:
+            raise UsageError(f"--expect {ref.op}=...: {ref.op} is not tested (the tests run: {', '.join(ops)})")
+        if ref.size_bytes is not None and ref.size_bytes not in sizes:
+            raise UsageError(f"--expect {ref.op}={ref.busbw_gbps:g}@{nccl_size(ref.size_bytes)}: "
+                             f"{human_size(ref.size_bytes)} is not measured: --min-bytes {nccl_size(job.min_bytes)}, "
+                             f"--max-bytes {nccl_size(job.max_bytes)} and --step-factor {job.step_factor} measure "
+                             f"{human_size(sizes[0])}..{human_size(sizes[-1])} (x{job.step_factor})")
 
 
 def _render_only(t: Any, job: "NcclJob") -> None:
@@ -339,8 +391,8 @@ def _bisect(t: Any, job: "NcclJob", names: list[str], refs: list[Any], p: dict[s
                 series.append(s)
         if series:
             th = (Threshold(o.rule, o.threshold),) if o.threshold is not None else ()
-            report.chart = write_chart(p["chart_path"] or f"{job.out_dir}/busbw.png", series,
-                                       title=f"all_reduce bisection of {p['nodelist']}", thresholds=th)
+            report.chart = _write_chart(write_chart, p["chart_path"] or f"{job.out_dir}/busbw.png", series,
+                                        title=f"all_reduce bisection of {p['nodelist']}", thresholds=th)
     doc = bisect_json(report)
     t.write_atomic(f"{job.out_dir}/report.json", json.dumps(doc, indent=2) + "\n")
     if p["as_json"]:

@@ -35,7 +35,7 @@ def pair_busbw(t: Transport, directory: str, end: JobEnd, size: Optional[int],
     """A pair's bandwidth figure and the evidence line; None when the job or the test failed."""
     out = load_op(t, directory, OP)
     where = f"job {end.job_id} {end.state}" + ("" if end.exit_code in (None, 0) else f" exit {end.exit_code}")
-    if out.result is None or not out.result.rows:
+    if out.result is None or not out.result.rows or out.incomplete:
         return None, f"{where}: {out.problem or 'no results table'}"
     errors = data_errors(out.result)
     if errors:

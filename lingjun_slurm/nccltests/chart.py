@@ -96,9 +96,9 @@ def write_chart(path: str, series: list[Series], *, title: str, thresholds: tupl
         ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
     directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
     tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp{os.getpid()}.png")
     try:
+        os.makedirs(directory, exist_ok=True)
         fig.savefig(tmp, format="png")
         os.replace(tmp, path)
     except OSError as exc:

@@ -40,8 +40,9 @@ class Report:
 
 def build(outputs: list[OpOutput], *, title: str, expected: Optional[Shape], references: list[Reference],
           profile: Optional[str], jobs: Optional[list[JobEnd]] = None) -> Report:
-    ops = [OpReport(o, judge(o.op, o.result, expected=expected, references=references, profile=profile,
-                             problem=o.problem)) for o in outputs]
+    ops = [OpReport(o, Verdict(o.op, FAIL, o.problem or "incomplete output") if o.incomplete else
+                    judge(o.op, o.result, expected=expected, references=references, profile=profile,
+                          problem=o.problem)) for o in outputs]
     return Report(title=title, ops=ops, jobs=list(jobs or []))
 
 
@@ -75,7 +76,7 @@ def table(report: Report) -> tuple[list[str], list[list[str]]]:
 def verdict_lines(report: Report) -> list[str]:
     lines = [o.verdict.line() for o in report.ops]
     for o in report.ops:
-        if o.output.problem and o.output.result is not None and o.output.result.rows:
+        if o.output.problem and o.output.result is not None and o.output.result.rows and not o.output.incomplete:
             lines.append(f"{o.output.op}: note: {o.output.problem}")
     for job in report.jobs:
         if not job.ok:

@@ -9,6 +9,7 @@ from typing import Optional
 
 from ..transport.base import Transport
 from .parse import NcclParseError, NcclTestResult, parse_json, parse_text
+from .sizes import human_size
 from .verdict import OPS, op_of
 
 
@@ -18,6 +19,7 @@ class OpOutput:
     result: Optional[NcclTestResult]
     path: Optional[str]  # the file the result came from
     problem: Optional[str] = None  # why there is no result, or why the JSON was not used
+    incomplete: bool = False  # a table without nccl-tests' closing lines: the test did not finish
 
 
 def _read(t: Transport, path: str) -> Optional[str]:
@@ -52,6 +54,15 @@ def load_op(t: Transport, directory: str, op: str) -> OpOutput:
     if not result.rows:
         line = telling_line(raw)
         note = f"no results table in {txt_path}" + (f"; it says: {line[:200]}" if line else " (empty)")
+    elif result.avg_busbw is None:
+        # nccl-tests ends every run with "# Avg bus bandwidth : X": without it the sizes after the
+        # last row were never measured (the job was killed, a size failed, or it is still running).
+        line = telling_line(raw)
+        said = f"; it says: {line[:200]}" if _ERRORISH.search(line) else ""
+        return OpOutput(op, result, txt_path,
+                        f"incomplete output: {txt_path} stops after the {human_size(result.rows[-1].size_bytes)} row "
+                        f"without the 'Avg bus bandwidth' line (the test was killed, failed or is still running)"
+                        f"{said}", incomplete=True)
     return OpOutput(op, result, txt_path, note)
 
 

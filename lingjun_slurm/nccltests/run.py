@@ -7,9 +7,12 @@ when the cluster has accounting), then in the start/end markers each script writ
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from ..errors import CommandError, LingjunError, SubmitError
 from ..slurm.client import SlurmCLI
@@ -19,6 +22,26 @@ from ..status import read_marker
 from ..transport.base import Transport
 
 GONE_POLLS = 3  # polls a job may be missing everywhere before it is reported UNKNOWN
+QUEUE_FAILURES = 5  # consecutive failed squeue polls (a busy slurmctld times out) before giving up
+
+
+@contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise KeyboardInterrupt, as Ctrl-C does, while jobs are submitted or waited
+    for, so that they are cancelled (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    saved = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
 
 
 @dataclass(frozen=True)
@@ -45,8 +68,9 @@ def submit_all(sched: SlurmCLI, scripts: list[tuple[str, str, str]]) -> list[Job
     """sbatch each (script, directory, label); all or nothing: a failure cancels what was queued."""
     jobs: list[Job] = []
     try:
-        for script, directory, label in scripts:
-            jobs.append(Job(sched.submit(script, cwd=directory, hold=False), label, directory))
+        with _signals_interrupt():
+            for script, directory, label in scripts:
+                jobs.append(Job(sched.submit(script, cwd=directory, hold=False), label, directory))
     except BaseException as exc:
         if jobs:
             try:
@@ -77,24 +101,49 @@ class Waiter:
         self.accounting: Optional[bool] = None  # unknown until the first sacct answers
 
     def wait(self, jobs: list[Job]) -> dict[str, JobEnd]:
-        """Until every job has ended. Ctrl-C (or SIGTERM turned into KeyboardInterrupt) cancels them."""
+        """Until every job has ended. Ctrl-C, SIGTERM or SIGHUP (a closed terminal) cancels them, and
+        so does an error that ends the waiting (Slurm unreachable for QUEUE_FAILURES polls): no job
+        is left running unwatched."""
+        ids = [j.job_id for j in jobs]
         try:
-            return self._wait(jobs)
+            with _signals_interrupt():
+                return self._wait(jobs)
         except KeyboardInterrupt:
-            ids = [j.job_id for j in jobs]
-            try:
-                self.sched.cancel(ids)
-            except CommandError as exc:
-                raise LingjunError(f"interrupted; cancelling job(s) {', '.join(ids)} failed: {exc}") from None
-            raise LingjunError(f"interrupted: cancelled job(s) {', '.join(ids)}") from None
+            why = "interrupted"
+        except LingjunError as exc:
+            why = str(exc)
+        try:
+            self.sched.cancel(ids)
+        except CommandError as exc:
+            raise LingjunError(f"{why}; cancelling job(s) {', '.join(ids)} failed: {exc}") from None
+        raise LingjunError(f"{why}: cancelled job(s) {', '.join(ids)}") from None
+
+    def _queue(self, failures: list[int]) -> Optional[list[JobInfo]]:
+        """One squeue; a failure (a busy slurmctld times out) is retried at the next poll (None now),
+        until QUEUE_FAILURES in a row."""
+        try:
+            result = self.sched.queue()
+        except CommandError as exc:
+            failures[0] += 1
+            if failures[0] >= QUEUE_FAILURES:
+                raise LingjunError(f"squeue failed {failures[0]} polls in a row: {exc}") from None
+            self.progress(f"{exc} (retrying at the next poll)".replace("\n", " "))
+            return None
+        failures[0] = 0
+        return result
 
     def _wait(self, jobs: list[Job]) -> dict[str, JobEnd]:
         pending = {j.job_id: j for j in jobs}
         ended: dict[str, JobEnd] = {}
         shown: dict[str, str] = {}
         missing: dict[str, int] = {}
+        failures = [0]
         while True:
-            queue = {i.job_id: i for i in self.sched.queue() if i.job_id in pending}
+            snapshot = self._queue(failures)
+            if snapshot is None:
+                time.sleep(self.poll_s)
+                continue
+            queue = {i.job_id: i for i in snapshot if i.job_id in pending}
             gone = []
             for job_id, job in list(pending.items()):
                 info = queue.get(job_id)
@@ -129,8 +178,12 @@ class Waiter:
             return []
         found: dict[str, JobEnd] = {}
         if self.accounting is not False:
-            records = self.sched.accounting([j.job_id for j in gone])
-            self.accounting = records is not None
+            try:
+                records = self.sched.accounting([j.job_id for j in gone])
+                self.accounting = records is not None
+            except CommandError as exc:  # slurmdbd busy or down: the end markers still answer
+                self.progress(f"{exc} (reading the end markers instead)".replace("\n", " "))
+                records = None
             for info in records or []:
                 if info.state not in ACTIVE and info.job_id in {j.job_id for j in gone}:
                     found[info.job_id] = _end(info)

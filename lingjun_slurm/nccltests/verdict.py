@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..network import Profile
-from .parse import NcclTestResult
+from .parse import NcclTestResult, Row
 from .sizes import human_size, parse_size
 
 # The nccl-tests binaries (<op>_perf, or <op>_perf_mpi as NGC images name the MPI builds).
@@ -107,11 +107,22 @@ def busbw_value(result: NcclTestResult, size_bytes: Optional[int]) -> Optional[f
     if size_bytes is None:
         values = [v for row in result.rows for v in usable((row.oop_busbw, row.ip_busbw))]
         return max(values) if values else None
-    for row in result.rows:
-        if row.size_bytes == size_bytes:
-            values = usable((row.oop_busbw, row.ip_busbw))
-            return sum(values) / len(values) if values else None
-    return None
+    row = row_at(result, size_bytes)
+    if row is None:
+        return None
+    values = usable((row.oop_busbw, row.ip_busbw))
+    return sum(values) / len(values) if values else None
+
+
+def row_at(result: NcclTestResult, size_bytes: int) -> Optional[Row]:
+    """The row of the requested size. nccl-tests rounds a size down to a multiple of the rank count
+    for all_gather, reduce_scatter and alltoall (16G on 24 ranks prints 17179869120), so the row
+    just below it (within 0.1 %) is that size when no row matches exactly."""
+    exact = [row for row in result.rows if row.size_bytes == size_bytes]
+    if exact:
+        return exact[0]
+    near = [row for row in result.rows if size_bytes - size_bytes // 1000 <= row.size_bytes < size_bytes]
+    return max(near, key=lambda row: row.size_bytes) if near else None
 
 
 @dataclass(frozen=True)
@@ -171,7 +182,9 @@ def judge(op: str, result: Optional[NcclTestResult], *, expected: Optional[Shape
     if value is None:
         sizes = [row.size_bytes for row in result.rows]
         return Verdict(op, NONE, f"{human_size(ref.size_bytes or 0)} was not measured (sizes "
-                                 f"{human_size(min(sizes))}..{human_size(max(sizes))}); raise --max-bytes", None, ref)
+                                 f"{human_size(min(sizes))}..{human_size(max(sizes))}); raise --max-bytes (nccl-tests "
+                                 "also lowers it to fit the GPUs' memory: see 'Reducing maxBytes' in its output)",
+                       None, ref)
     where = f"at {human_size(ref.size_bytes)}" if ref.size_bytes else "peak"
     if value >= ref.busbw_gbps:
         return Verdict(op, PASS, f"busbw {value:.2f} GB/s {where} >= {ref.busbw_gbps:g} GB/s ({ref.source})", value, ref)

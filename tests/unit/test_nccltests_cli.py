@@ -83,6 +83,11 @@ BASE = ["--profile", "tcp", "--nodes", "2", "--gpus-per-node", "0", "--no-contai
     (["--profile", "tcp", "--set", "NOEQUALS"], "--set 'NOEQUALS'"),
     (["--profile", "tcp", "--step-factor", "1"], "--step-factor 1"),
     (["--report"], "--report needs"),
+    (["--report", "/nonexistent/run"], "--report: no such file or directory: /nonexistent/run"),
+    (["--profile", "tcp", "--expect", "all_reduce=300@16G", "--max-bytes", "8G"],
+     "--expect all_reduce=300@16G: 16 GiB is not measured: --min-bytes 8, --max-bytes 8G and --step-factor 2"),
+    (["--profile", "tcp", "--expect", "all_reduce=300@16G", "--min-bytes", "3"], "16 GiB is not measured"),
+    (["--profile", "tcp", "--expect", "broadcast=30"], "--expect broadcast=...: broadcast is not tested"),
     (["stray.txt"], "files are read only with --report"),
 ])
 def test_bad_input_exits_2_and_names_the_option(capsys: pytest.CaptureFixture[str], tmp_path: Path,
@@ -97,6 +102,10 @@ def test_bad_input_exits_2_and_names_the_option(capsys: pytest.CaptureFixture[st
 def test_bisect_needs_a_node_list(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code, _, err = run_cli(capsys, "--profile", "tcp", "--bisect", "--outdir", str(tmp_path / "b"))
     assert code == 2 and "--bisect needs --nodelist" in err and not (tmp_path / "b").exists()
+    # --no-wait would be ignored: the command would wait for every round anyway.
+    code, _, err = run_cli(capsys, "--profile", "tcp", "--bisect", "--nodelist", "n[1-4]", "--no-wait",
+                           "--outdir", str(tmp_path / "b"))
+    assert code == 2 and "--bisect takes no --no-wait" in err and not (tmp_path / "b").exists()
 
 
 def test_outdir_with_unquotable_characters_is_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -167,7 +176,8 @@ def hostile(marker: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("option", ["--image", "--tests-dir", "--partition", "--account", "--qos", "--job-name",
-                                    "--nodelist", "--mount", "--mpi", "--set", "--ops", "--expect", "--outdir"])
+                                    "--nodelist", "--mount", "--mpi", "--set", "--set-name", "--unset", "--ops",
+                                    "--expect", "--outdir"])
 def test_hostile_strings_never_run(capsys: pytest.CaptureFixture[str], tmp_path: Path, stubs: Path,
                                    option: str) -> None:
     marker = tmp_path / "PWNED"
@@ -176,6 +186,8 @@ def test_hostile_strings_never_run(capsys: pytest.CaptureFixture[str], tmp_path:
         args = ["--profile", "tcp", "--gpus-per-node", "0", "--nodes", "1"]
         if option == "--set":
             args += ["--set", f"NCCL_ALGO={value}"]
+        elif option == "--set-name":  # the name lands on an `export NAME=...` line and in --container-env
+            args += ["--set", f"NCCL{value}=1"]
         elif option == "--mount":
             args += ["--mount", f"{value}:/data"]
         elif option == "--outdir":
@@ -186,7 +198,8 @@ def test_hostile_strings_never_run(capsys: pytest.CaptureFixture[str], tmp_path:
             args += ["--no-container"]
         code, _, err = run_cli(capsys, "--render-only", str(out), *args)
         if code:
-            assert code == 2 and (option in err or "--render-only" in err or "--outdir" in err), err
+            flag = "--set" if option == "--set-name" else option
+            assert code == 2 and (flag in err or "--render-only" in err or "--outdir" in err), err
             continue
         proc = run_script(out / "nccl-test.sbatch", stubs, tmp_path)
         assert not marker.exists(), f"{option} {value!r} ran: {proc.stdout}{proc.stderr}"
@@ -242,3 +255,28 @@ def test_render_only_counts_the_node_list_with_scontrol_when_it_can(capsys: pyte
     code, _, err = run_cli(capsys, "--render-only", str(tmp_path / "c"), "--profile", "tcp", "--nodelist", "x[1-2]")
     assert code == 0 and "warning: --nodelist 'x[1-2]': scontrol show hostnames failed" in err
     assert "#SBATCH --nodes" not in (tmp_path / "c" / "nccl-test.sbatch").read_text()
+
+
+def test_bisect_refuses_an_expect_it_cannot_measure(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every pair would read "not measured": all nodes undetermined after a full set of jobs.
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "scontrol").write_text('#!/bin/bash\nprintf "gpu1\\ngpu2\\ngpu3\\ngpu4\\n"\n')
+    (bindir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
+    base = ["--profile", "tcp", "--nodelist", "gpu[1-4]", "--bisect", "--no-chart", "--outdir", str(tmp_path / "b")]
+    code, _, err = run_cli(capsys, *base, "--expect", "all_reduce=300@16G", "--max-bytes", "1G")
+    assert code == 2 and "16 GiB is not measured" in err and not (tmp_path / "b").exists()
+    code, _, err = run_cli(capsys, *base, "--expect", "all_gather=300")
+    assert code == 2 and "all_gather is not tested (the tests run: all_reduce)" in err
+
+
+def test_a_chart_that_cannot_be_written_does_not_lose_the_report(capsys: pytest.CaptureFixture[str],
+                                                                 tmp_path: Path) -> None:
+    need_matplotlib()
+    (tmp_path / "afile").write_text("")  # the chart's directory cannot be created, even by root
+    code, out, err = run_cli(capsys, "--report", str(FIXTURES / "h100_a3mega_all_reduce.txt"), "--expect",
+                             "all_reduce=300", "--chart", str(tmp_path / "afile" / "c.png"))
+    assert code == 0 and "all_reduce: PASS: busbw 338.82 GB/s peak >= 300 GB/s" in out and "chart:" not in out
+    assert "warning: no chart: cannot write the chart" in err and "internal error" not in err

@@ -171,3 +171,19 @@ def test_rich_output_has_the_same_content(capsys: pytest.CaptureFixture[str]) ->
     text = capsys.readouterr().out
     assert "rich run" in text and "338.82" in text and "8 GiB" in text
     assert "all_reduce: FAIL: busbw 338.82 GB/s peak < 400 GB/s" in text and "job 3: TIMEOUT" in text
+
+
+def test_a_table_cut_short_fails_whatever_its_bandwidth(tmp_path: Path) -> None:
+    # --no-wait then --report before the job ended, or a job killed at its time limit mid-sweep:
+    # the rows so far may beat the figure, but the sizes after them were never measured.
+    lines = ALL_REDUCE.splitlines()
+    cut = next(i for i, line in enumerate(lines) if line.strip().startswith("1073741824"))
+    (tmp_path / "all_reduce.txt").write_text("\n".join(lines[:cut]) + "\n")
+    out = load_op(LocalTransport(), str(tmp_path), "all_reduce")
+    assert out.incomplete and len(out.result.rows) == 27 and "stops after the 512 MiB row" in out.problem
+    report = build([out], title="t", expected=None, references=[parse_expect("all_reduce=100")], profile=None)
+    assert not report.ok and report.ops[0].verdict.status == "FAIL"
+    assert "without the 'Avg bus bandwidth' line" in report.ops[0].verdict.reason
+    assert sum("Avg bus bandwidth" in line for line in format_plain(report).splitlines()) == 1  # no repeated note
+    (tmp_path / "all_reduce.txt").write_text(ALL_REDUCE)  # the whole output: as before
+    assert not load_op(LocalTransport(), str(tmp_path), "all_reduce").incomplete

@@ -106,3 +106,94 @@ def test_ctrl_c_while_waiting_cancels_the_jobs(tmp_path: Path) -> None:
     with pytest.raises(LingjunError, match="interrupted: cancelled job\\(s\\) 5, 6"):
         Waiter(LocalTransport(), sched, poll_s=0.0).wait([Job("5", "a", str(tmp_path)), Job("6", "b", str(tmp_path))])
     assert sched.cancelled == ["5", "6"]
+
+
+def test_a_transient_squeue_failure_is_retried(tmp_path: Path) -> None:
+    class Flaky(FakeSlurm):
+        def queue(self) -> list[JobInfo]:
+            self.calls.append("squeue")
+            if len(self.calls) == 1:  # a busy slurmctld: "Socket timed out on send/recv operation"
+                raise CommandError(["squeue"], 1, "", "slurm_load_jobs error: Socket timed out")
+            return [info("5", "COMPLETED", 0)]
+
+    lines: list[str] = []
+    sched = Flaky([[]])
+    ends = Waiter(LocalTransport(), sched, poll_s=0.0, progress=lines.append).wait([Job("5", "a", str(tmp_path))])
+    assert ends["5"].ok and sched.calls == ["squeue", "squeue"] and not sched.cancelled
+    assert any("Socket timed out" in line and "retrying" in line for line in lines)
+
+
+def test_slurm_unreachable_ends_the_wait_and_cancels_the_jobs(tmp_path: Path) -> None:
+    class Down(FakeSlurm):
+        def queue(self) -> list[JobInfo]:
+            self.calls.append("squeue")
+            raise CommandError(["squeue"], 1, "", "slurm_load_jobs error: Unable to contact slurm controller")
+
+    sched = Down([[]])
+    with pytest.raises(LingjunError, match="(?s)squeue failed 5 polls in a row.*cancelled job\\(s\\) 5, 6"):
+        Waiter(LocalTransport(), sched, poll_s=0.0).wait([Job("5", "a", str(tmp_path)), Job("6", "b", str(tmp_path))])
+    assert sched.calls == ["squeue"] * 5 and sched.cancelled == ["5", "6"]
+
+
+def test_a_failing_sacct_falls_back_to_the_end_markers(tmp_path: Path) -> None:
+    class BrokenAcct(FakeSlurm):
+        def accounting(self, job_ids: Iterable[str]) -> Optional[list[JobInfo]]:
+            self.calls.append("sacct")
+            raise CommandError(["sacct"], 1, "", "sacct: error: slurmdbd: Connection refused")
+
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "9").write_text("start 100 0 n[1-2]\nend 130 0\n")
+    sched = BrokenAcct([[]])
+    jobs = [Job("9", "a", str(tmp_path)), Job("10", "b", str(tmp_path))]
+    ends = Waiter(LocalTransport(), sched, poll_s=0.0).wait(jobs)
+    assert ends["9"].ok and ends["10"].state == "UNKNOWN" and not sched.cancelled  # never an endless loop
+
+
+def test_sigterm_while_waiting_cancels_the_jobs(tmp_path: Path) -> None:
+    import os
+    import signal
+
+    class Terminated(FakeSlurm):
+        def queue(self) -> list[JobInfo]:
+            self.calls.append("squeue")
+            if len(self.calls) > 1:
+                raise AssertionError("SIGTERM did not end the wait")
+            os.kill(os.getpid(), signal.SIGTERM)  # `kill`, or a batch system ending the command
+            return [info("5", "RUNNING")]
+
+    got: list[int] = []
+
+    def mine(signum: int, frame: object) -> None:
+        got.append(signum)
+
+    before = signal.signal(signal.SIGTERM, mine)  # never kill pytest
+    try:
+        sched = Terminated([[]])
+        with pytest.raises(LingjunError, match="interrupted: cancelled job\\(s\\) 5"):
+            Waiter(LocalTransport(), sched, poll_s=0.0).wait([Job("5", "a", str(tmp_path))])
+        assert sched.cancelled == ["5"] and not got
+        assert signal.getsignal(signal.SIGTERM) is mine  # restored after the wait
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def test_sigterm_while_submitting_cancels_what_was_queued(tmp_path: Path) -> None:
+    import os
+    import signal
+
+    class TerminatedAtSecond(FakeSlurm):
+        def submit(self, script: str, *, cwd: str, hold: bool = True, dependency: Optional[str] = None,
+                   extra: Sequence[str] = ()) -> str:
+            if sum(1 for c in self.calls if c.startswith("sbatch")) == 2:  # before the third sbatch
+                os.kill(os.getpid(), signal.SIGTERM)
+            return super().submit(script, cwd=cwd, hold=hold, dependency=dependency, extra=extra)
+
+    got: list[int] = []
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))  # never kill pytest
+    try:
+        sched = TerminatedAtSecond([[]])
+        with pytest.raises(KeyboardInterrupt):  # the CLI turns it into "aborted", exit 1
+            submit_all(sched, [("s.sbatch", str(tmp_path), f"pair {i}") for i in range(4)])
+        assert sched.cancelled == ["101", "102"] and not got
+    finally:
+        signal.signal(signal.SIGTERM, before)

@@ -136,3 +136,18 @@ def test_sizes_and_op_names() -> None:
     assert human_size(8) == "8 B" and human_size(1536) == "1.5 KiB" and human_size(1 << 34) == "16 GiB"
     assert op_of("all_reduce_perf") == "all_reduce" and op_of("all_gather_perf_mpi") == "all_gather"
     assert op_of("my_perf") is None and op_of(None) is None
+
+
+def test_all_gather_sizes_rounded_to_the_rank_count_still_match_expect_at_size() -> None:
+    # nccl-tests all_gather: recvcount = (count / nranks) * nranks (newer builds also align count /
+    # nranks to 16 bytes), so 16G on 24 ranks (3 nodes x 8) prints 17179869120 (or 17179868928)
+    # bytes; --expect all_gather=100@16G must read that row, not "not measured".
+    nranks = 24
+    rounded = (GIB16 // 4 // nranks) * nranks * 4
+    assert rounded == 17179869120 and ((GIB16 // 4 // nranks) & -4) * nranks * 4 == 17179868928
+    result = NcclTestResult(test="all_gather_perf", rows=[row((8 << 30) // 4 // nranks * nranks * 4, 90, 90),
+                                                          row(rounded, 120, 110)])
+    ref = parse_expect("all_gather=100@16G")
+    v = judge("all_gather", result, expected=None, references=[ref], profile=None)
+    assert v.status == PASS and v.measured_gbps == pytest.approx(115.0)
+    assert busbw_value(result, 1 << 20) is None  # far from any row: still not measured
