@@ -100,14 +100,21 @@ for a in "$@"; do
 done
 """,
     "mkfs.xfs": r"""
-dev=${!#}
+dev=${!#} label=""
 [ -e "$R$dev" ] || { echo "mkfs.xfs: $dev: no such device" >&2; exit 1; }
+while [ $# -gt 1 ]; do [ "$1" = -L ] && label=$2; shift; done
 printf xfs >"$STANDIN_DIR/fstype/$(printf '%s' "$dev" | tr / _)"
+if [ -n "$label" ]; then printf '%s' "$label" >"$STANDIN_DIR/fstype/$(printf '%s' "$dev" | tr / _).label"; fi
 """,
     "blkid": r"""
+# blkid -p [-s TYPE|LABEL -o value] DEV; STANDIN_BLKID_RC=N: exit N (8 = ambivalent result)
+[ -z "${STANDIN_BLKID_RC-}" ] || exit "$STANDIN_BLKID_RC"
 marker="$STANDIN_DIR/fstype/$(printf '%s' "${!#}" | tr / _)"
 [ -f "$marker" ] || exit 2
-cat "$marker"; echo
+case " $* " in
+*" -s LABEL "*) [ -f "$marker.label" ] || exit 2; cat "$marker.label"; echo ;;
+*) cat "$marker"; echo ;;
+esac
 """,
     "mount": r"""
 dev=${*: -2:1}; dir=${!#}

@@ -158,7 +158,7 @@ def test_plugstack_include_is_added_once(make_node):
 def test_file_mode_gives_the_same_node_as_jetpack_mode(make_node):
     config = {"lingjun_slurm.nccl.instance_type": "ml.gu7xf.8xlarge-gu108",
               "lingjun_slurm.pyxis.options": "container_scope=global sbatch_support=1",
-              "lingjun_slurm.health.enroot_image": "nvcr.io#nvidia/pytorch:24.05-py3"}
+              "lingjun_slurm.health.enroot_image": "/shared/images/pytorch-24.05.sqsh"}
     by_jetpack, by_file = make_node(config=config), make_node(config=config)
     for node in (by_jetpack, by_file):
         node.service_running("slurmd")
@@ -190,6 +190,34 @@ def test_changed_config_is_applied_and_restarts_slurmd_again(make_node):
     assert "lingjun-health --boot" not in node.calls(), "the boot check runs once per boot"
 
 
+def test_a_hook_dropped_from_the_config_is_disabled_again(make_node):
+    node = make_node()
+    admin_hook = node.path("/etc/enroot/hooks.d/10-site.sh")
+    admin_hook.parent.mkdir(parents=True)
+    admin_hook.write_text("#!/bin/sh\n# the site's own hook\n")
+    assert node.run("execute").returncode == 0
+    hooks = node.path("/etc/enroot/hooks.d")
+    assert sorted(p.name for p in hooks.iterdir()) == ["10-site.sh", "50-slurm-pmi.sh", "50-slurm-pytorch.sh"]
+    node.config["lingjun_slurm.enroot.hooks"] = "50-slurm-pmi.sh"
+    result = node.run("execute")
+    assert result.returncode == 0, result.stderr
+    assert "[lingjun-slurm] changed: /etc/enroot/hooks.d/50-slurm-pytorch.sh (removed)" in changes(result.stdout)
+    assert sorted(p.name for p in hooks.iterdir()) == ["10-site.sh", "50-slurm-pmi.sh"]
+    assert_idempotent(node, "execute")
+    node.config["lingjun_slurm.enroot.hooks"] = ""
+    assert node.run("execute").returncode == 0
+    assert sorted(p.name for p in hooks.iterdir()) == ["10-site.sh"], "hooks it never enabled are left alone"
+    assert_idempotent(node, "execute")
+
+
+def test_boot_check_names_the_cyclecloud_node(make_node):
+    """CycleCloud starts slurmd as `slurmd -N <CycleCloud node name>`, which need not be the host name."""
+    node = make_node()
+    node.jetpack_extra["cyclecloud.node.name"] = "lingjun-gpu-3"
+    assert node.run("execute").returncode == 0
+    assert "lingjun-health --boot --node lingjun-gpu-3" in node.calls()
+
+
 def test_slurmd_not_running_is_left_alone(make_node):
     node = make_node()
     result = node.run("execute")
@@ -206,6 +234,30 @@ def test_pyxis_rebuilt_when_the_slurm_headers_change(make_node):
     assert result.returncode == 0, result.stderr
     assert "changed: /usr/lib64/slurm/spank_pyxis.so" in result.stdout
     assert "Slurm 24.05" in node.path("/usr/lib64/slurm/spank_pyxis.so").read_text()
+
+
+def test_pyxis_builds_without_slurm_version_h(make_node):
+    node = make_node()
+    node.path("/usr/include/slurm/slurm_version.h").unlink()
+    result = node.run("login")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr
+    assert "spank.h of Slurm 23.11" in node.path("/usr/lib64/slurm/spank_pyxis.so").read_text()
+    assert_idempotent(node, "login")
+
+
+def test_project_in_a_directory_with_spaces(make_node):
+    """install.sh --config runs from wherever the project was copied (no CycleCloud there)."""
+    node = make_node()
+    moved = node.base / "cluster init" / "lingjun-slurm"
+    moved.parent.mkdir()
+    node.project.rename(moved)
+    node.project = moved
+    for role in ("execute", "login"):
+        result = node.run(role)
+        assert result.returncode == 0, result.stderr
+        assert f"fetched pyxis-{PYXIS_VERSION}.tar.gz from {moved}/specs/default/cluster-init/files/artifacts/" \
+            in node.log()
+        assert_idempotent(node, role)
 
 
 def test_provided_pyxis_build(make_node):

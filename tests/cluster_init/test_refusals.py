@@ -123,7 +123,7 @@ def test_yaml_subset_values(make_node):
         "# quoted and plain values, comments",
         "lingjun_slurm.nccl.profile: lingjun   # the Lingjun RoCE profile",
         "lingjun_slurm.pyxis.options: \"container_scope=global # not a comment\"",
-        "lingjun_slurm.health.enroot_image: 'nvcr.io#nvidia/pytorch:24.05-py3'",
+        "lingjun_slurm.health.enroot_image: '/shared/images/pytorch#24.05.sqsh'",
         "lingjun_slurm.enroot.mount_home: yes",
         "lingjun_slurm.health.min_free_gb: 100",
         "",
@@ -135,7 +135,7 @@ def test_yaml_subset_values(make_node):
     assert "runtime_path=/tmp/enroot/pyxis container_scope=global # not a comment\n" in \
         node.path("/etc/slurm/plugstack.conf.d/pyxis.conf").read_text()
     conf = node.path("/etc/lingjun-slurm/health.conf").read_text()
-    assert "ENROOT_IMAGE=nvcr.io#nvidia/pytorch:24.05-py3\n" in conf and "MIN_FREE_GB=100\n" in conf
+    assert "ENROOT_IMAGE=/shared/images/pytorch#24.05.sqsh\n" in conf and "MIN_FREE_GB=100\n" in conf
     assert "ENROOT_MOUNT_HOME yes\n" in node.path("/etc/enroot/enroot.conf").read_text()
 
 
@@ -190,3 +190,42 @@ def test_bad_role_and_missing_default_spec(make_node):
     orphan = node.run("execute")
     assert orphan.returncode == 1
     assert "attach lingjun-slurm:default (first) to this node" in orphan.stderr
+
+
+def test_instance_type_without_thresholds_falls_back_to_the_profile(make_node):
+    """A VM size with no thresholds of its own, mapped to a generic profile: health.conf must name
+    something lingjun-health resolves, or every health check exits 2 and never drains."""
+    node = make_node(config={"lingjun_slurm.nccl.profile": "generic-ib", "lingjun_slurm.health.boot_check": "warn"},
+                     real_health=True)
+    node.jetpack_extra = {"azure.metadata.compute.vmSize": "Standard_NC96ads_A100_v4"}
+    result = node.run("execute")
+    assert result.returncode == 0, result.stderr
+    assert "SKU=generic-ib\n" in node.path("/etc/lingjun-slurm/health.conf").read_text()
+    assert "no health-check thresholds for instance type Standard_NC96ads_A100_v4: using those of NCCL profile" \
+        in result.stdout
+    assert "lingjun-health --boot exited 2" not in result.stderr, "health.conf rejected by lingjun-health"
+
+
+def test_no_thresholds_at_all_is_refused_before_any_change(make_node):
+    node = make_node(config={"lingjun_slurm.nccl.enabled": "false"})
+    node.jetpack_extra = {"azure.metadata.compute.vmSize": "Standard_NC96ads_A100_v4"}
+    result = node.run("execute")
+    assert result.returncode == 2
+    assert "no health-check thresholds for instance type 'Standard_NC96ads_A100_v4' in the execute spec's" \
+        in result.stderr
+    assert_nothing_installed(node)
+    node.config["lingjun_slurm.nccl.instance_type"] = "cpu"  # thresholds by name, no NCCL profile needed
+    result = node.run("execute")
+    assert result.returncode == 0, result.stderr
+    assert "SKU=cpu\n" in node.path("/etc/lingjun-slurm/health.conf").read_text()
+
+
+@pytest.mark.parametrize("image", ["nvcr.io#nvidia/pytorch:24.05-py3", "pytorch.sqsh", "my image"])
+def test_health_image_must_be_a_container_name_or_a_sqsh_path(make_node, image):
+    """lingjun-health never imports from a registry: such a value would fail every check and drain every node."""
+    node = make_node(config={"lingjun_slurm.health.enroot_image": image})
+    result = node.run("execute")
+    assert result.returncode == 2
+    assert ("jetpack config lingjun_slurm.health.enroot_image: lingjun_slurm.health.enroot_image: expected the name "
+            "of an enroot container created beforehand or the absolute path of a .sqsh image") in result.stderr
+    assert_nothing_installed(node)

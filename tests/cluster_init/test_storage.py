@@ -22,7 +22,7 @@ def test_two_or_more_nvme_disks_become_a_raid0(make_node):
     create = [c for c in calls if c.startswith("mdadm --create")]
     assert create == ["mdadm --create /dev/md/lingjun-nvme --run --level=0 --raid-devices=4 --name=lingjun-nvme "
                       + " ".join(f"/dev/{d}" for d in disks)]
-    assert "mkfs.xfs -f -q /dev/md/lingjun-nvme" in calls
+    assert "mkfs.xfs -f -q -L lingjun-nvme /dev/md/lingjun-nvme" in calls
     assert "mount -o noatime /dev/md/lingjun-nvme /mnt/nvme" in calls
     assert enroot_base(node) == "/mnt/nvme"
     assert "runtime_path=/mnt/nvme/enroot/pyxis" in node.path("/etc/slurm/plugstack.conf.d/pyxis.conf").read_text()
@@ -39,7 +39,7 @@ def test_one_nvme_disk_is_formatted_without_raid(make_node):
     assert node.run("execute").returncode == 0
     calls = node.calls()
     assert not [c for c in calls if c.startswith("mdadm")]
-    assert "mkfs.xfs -f -q /dev/nvme0n1" in calls and "mount -o noatime /dev/nvme0n1 /mnt/nvme" in calls
+    assert "mkfs.xfs -f -q -L lingjun-nvme /dev/nvme0n1" in calls and "mount -o noatime /dev/nvme0n1 /mnt/nvme" in calls
     assert enroot_base(node) == "/mnt/nvme"
 
 
@@ -115,3 +115,55 @@ def test_configured_scratch(make_node):
     assert enroot_base(node) == "/local/scratch"
     assert node.mode("/local/scratch/enroot/tmp") == 0o1777
     assert not [c for c in node.calls() if c.startswith(("mdadm", "mkfs", "mount"))]
+
+
+def reboot(node: Node) -> None:
+    """What a reboot (not a deallocation) leaves: the disks and their file systems, no mounts."""
+    node.path("/proc/mounts").write_text("/dev/sda1 / ext4 rw 0 0\n")
+
+
+def test_single_disk_is_mounted_again_after_a_reboot(make_node):
+    node = make_node()
+    node.add_nvme(1)
+    assert node.run("execute").returncode == 0
+    conf = node.path("/etc/enroot/enroot.conf").read_text()
+    reboot(node)
+    node.clear_calls()
+    again = node.run("execute")
+    assert again.returncode == 0, again.stderr
+    calls = node.calls()
+    assert "mount -o noatime /dev/nvme0n1 /mnt/nvme" in calls
+    assert not [c for c in calls if c.startswith(("mkfs", "mdadm"))], "its own file system is never reformatted"
+    assert enroot_base(node) == "/mnt/nvme" and node.path("/etc/enroot/enroot.conf").read_text() == conf
+    assert [line for line in again.stdout.splitlines() if "] changed: " in line] == [
+        "[lingjun-slurm] changed: mounted /dev/nvme0n1 at /mnt/nvme"]
+
+
+def test_a_foreign_file_system_is_not_taken_for_ours(make_node):
+    node = make_node()
+    node.add_nvme(1)
+    (node.state / "fstype" / "_dev_nvme0n1").write_text("xfs")
+    (node.state / "fstype" / "_dev_nvme0n1.label").write_text("data")
+    result = node.run("execute")
+    assert result.returncode == 0, result.stderr
+    assert not [c for c in node.calls() if c.startswith(("mdadm", "mkfs", "mount"))]
+    assert enroot_base(node) == "/tmp"
+
+
+def test_blkid_failing_otherwise_than_nothing_found_never_formats(make_node):
+    node = make_node()
+    node.add_nvme(2)
+    result = node.run("execute", extra_env={"STANDIN_BLKID_RC": "8"})  # 8: ambivalent probing result
+    assert result.returncode == 0, result.stderr
+    assert not [c for c in node.calls() if c.startswith(("mdadm", "mkfs", "mount"))]
+    assert "no unused local NVMe disk" in result.stdout
+
+
+def test_configured_scratch_keeps_the_mode_of_an_existing_directory(make_node):
+    node = make_node(config={"lingjun_slurm.storage.scratch": "/tmp"})
+    node.path("/tmp").chmod(0o1777)
+    result = node.run("execute")
+    assert result.returncode == 0, result.stderr
+    assert node.mode("/tmp") == 0o1777, "never chmod an existing /tmp (or shared scratch) to 0755"
+    assert "changed: /tmp (mode" not in result.stdout
+    assert enroot_base(node) == "/tmp" and node.mode("/tmp/enroot/data") == 0o1777

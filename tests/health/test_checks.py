@@ -193,6 +193,14 @@ def test_nccl_ib_hca_selects_the_ports_checked(roce: Node) -> None:
     assert first_failure(proc) == "0 RDMA ports match NCCL_IB_HCA==mlx5, expected 1"
 
 
+def test_gid_index_minus_one_lets_nccl_choose(roce: Node) -> None:
+    """NCCL_IB_GID_INDEX=-1 is NCCL's default since 2.21 (automatic RoCE v2 GID): not a config error."""
+    proc = roce.run("--no-drain", NCCL_IB_GID_INDEX="-1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "SKIP roce-gid NCCL_IB_GID_INDEX=-1 (NCCL chooses the GID)" in lines(proc)
+    assert first_failure(roce.run("--no-drain", NCCL_IB_GID_INDEX="-2")) == "NCCL_IB_GID_INDEX=-2 is not a number"
+
+
 def test_ib_ports_of_the_sku_ignore_other_hcas(ib: Node) -> None:
     ib.set_port("mlx5_an0", state="1: DOWN", phys_state="3: Disabled")  # not NCCL's: not in IB_PORTS
     assert ib.run("--no-drain").returncode == 0

@@ -72,6 +72,19 @@ def test_never_resumes_or_rewrites_a_drain_by_someone_else(node: Node, foreign: 
     assert node.updates() == [] and node.slurm() == {"state": "IDLE+DRAIN", "reason": foreign}
 
 
+@pytest.mark.parametrize("state", ["DOWN", "DOWN*", "IDLE+FAIL"])
+def test_never_drains_over_a_node_someone_else_took_down(node: Node, state: str) -> None:
+    """An admin's DOWN (or Slurm's "Not responding") keeps its reason: drained over, the reason
+    would become ours and the next passing check would put the node back into service."""
+    node.set_slurm(state, "maintenance: replace PSU")
+    break_port(node)
+    proc = node.run()
+    assert proc.returncode == 1 and f"KEEP {node.name} {state} by someone else: maintenance: replace PSU" in proc.stdout
+    assert node.updates() == [] and node.slurm() == {"state": state, "reason": "maintenance: replace PSU"}
+    heal_port(node)
+    assert node.run().returncode == 0 and node.updates() == []
+
+
 def test_no_drain_never_calls_scontrol(node: Node) -> None:
     break_port(node)
     assert node.run("--no-drain").returncode == 1

@@ -115,3 +115,20 @@ def test_a_drain_by_someone_else_is_never_resumed_or_rewritten(health_node: Heal
     assert proc.returncode == 1 and "FAIL gpu-xid GPU 3 XID 79" in proc.stdout
     state, reason = node_state(env, HEALTH_NODE)
     assert "DRAIN" in state and reason == foreign
+
+
+def test_a_node_someone_else_set_down_is_neither_drained_nor_resumed(health_node: HealthNode) -> None:
+    node, env, _ = health_node
+    wait_idle(env)
+    foreign = "maintenance: replace PSU"
+    slurm(env, "scontrol", "update", f"NodeName={HEALTH_NODE}", "State=DOWN", f"Reason={foreign}")
+    try:
+        node.set_port("mlx5_ib2", state="1: DOWN", phys_state="2: Polling")
+        proc = node.run()  # failing: the admin's reason must stay
+        assert proc.returncode == 1 and f"KEEP {HEALTH_NODE} DOWN by someone else: {foreign}" in proc.stdout, proc.stdout
+        assert node_state(env, HEALTH_NODE) == ("DOWN", foreign)
+        node.set_port("mlx5_ib2", state="4: ACTIVE", phys_state="5: LinkUp")
+        proc = node.run()  # passing: still the admin's node to bring back
+        assert proc.returncode == 0 and node_state(env, HEALTH_NODE) == ("DOWN", foreign)
+    finally:
+        slurm(env, "scontrol", "update", f"NodeName={HEALTH_NODE}", "State=RESUME")

@@ -50,10 +50,14 @@ lj_require_checksum() {
     [ -n "$sum" ] || lj_die 2 "refusing to install $1: no published SHA-256 for it in $(lj_pins_file). Add one you trust with lingjun_slurm.checksums (\"$1=SHA256\") or lingjun_slurm.pins_file; never install unverified software"
 }
 
-# lj_download URL DEST: fetch URL (http, https or file) into DEST.
+# lj_download URL DEST: fetch URL (http, https or file, or a plain absolute path) into DEST.
 lj_download() {
     local url=$1 dest=$2
-    if command -v curl >/dev/null 2>&1; then
+    if [[ $url == /* ]]; then
+        # the project's own files/artifacts/: copied as is (a file:// URL would need its
+        # spaces and other special characters percent-encoded)
+        cp -- "$url" "$dest"
+    elif command -v curl >/dev/null 2>&1; then
         curl -fsSL --retry 3 --connect-timeout 30 -o "$dest" -- "$url"
     elif [[ $url == file://* ]]; then
         cp -- "${url#file://}" "$dest"
@@ -81,7 +85,7 @@ lj_fetch() {
         LJ_FETCHED=$cached
         return 0
     fi
-    [ -f "$LJ_FILES/artifacts/$file" ] && sources+=("file://$LJ_FILES/artifacts/$file")
+    [ -f "$LJ_FILES/artifacts/$file" ] && sources+=("$LJ_FILES/artifacts/$file")
     mirror=$(lj_cfg artifacts.url)
     [ -n "$mirror" ] && sources+=("${mirror%/}/$file")
     if ! lj_cfg_true artifacts.offline; then

@@ -117,6 +117,16 @@ lj_ensure_dir() {
     fi
 }
 
+# lj_create_dir NODE_PATH MODE: create the directory (with MODE) when it is missing; an
+# existing one is left as it is. For directories the admin names (a scratch such as /tmp or a
+# shared /scratch is 1777, and must stay so).
+lj_create_dir() {
+    local node=$1 mode=$2 real
+    real=$(lj_path "$node")
+    LJ_LAST_CHANGED=0
+    [ -d "$real" ] || lj_ensure_dir "$node" "$mode"
+}
+
 # lj_install_file SRC NODE_PATH MODE: make NODE_PATH a copy of SRC with MODE.
 # Writes (atomically, via a temporary file in the same directory) only when the content
 # differs; fixes only the mode when just the mode differs. Sets LJ_LAST_CHANGED.

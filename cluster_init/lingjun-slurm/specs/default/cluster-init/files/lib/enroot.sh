@@ -7,6 +7,7 @@ LJ_ENROOT_NAMES=()  # package names (enroot, enroot+caps)
 readonly LJ_CRED_MASTER=/etc/lingjun-slurm/enroot/credentials
 readonly LJ_CRED_BASE=/run/lingjun-slurm/enroot-config
 readonly LJ_PROLOG_NAME=60-lingjun-enroot-credentials.sh
+readonly LJ_HOOKS_STATE=/var/lib/lingjun-slurm/enroot-hooks # the hooks this installer enabled
 
 # lj_enroot_package_file NAME VERSION: the release asset name NVIDIA publishes.
 lj_enroot_package_file() {
@@ -94,14 +95,31 @@ lj_enroot_configure() {
     printf 'MELLANOX_VISIBLE_DEVICES=%s\n' "$(lj_cfg enroot.mellanox_visible_devices)" |
         lj_install_text /etc/enroot/environ.d/50-lingjun-mellanox.env 0644
     lj_ensure_dir /etc/enroot/hooks.d 0755
+    local -a enabled=()
     for hook in $(lj_cfg enroot.hooks); do
         src=$(lj_path "/usr/share/enroot/hooks.d/$hook")
         if [ -f "$src" ]; then
             lj_install_file "$src" "/etc/enroot/hooks.d/$hook" 0755
+            enabled+=("$hook")
         else
             lj_warn "enroot hook /usr/share/enroot/hooks.d/$hook not found (is enroot installed?); not enabled"
         fi
     done
+    # A hook enabled by an earlier run and no longer in lingjun_slurm.enroot.hooks is disabled
+    # again; hooks the installer never enabled (enroot's own, an admin's) are left alone.
+    local state old
+    state=$(lj_path "$LJ_HOOKS_STATE")
+    if [ -f "$state" ]; then
+        while IFS= read -r old; do
+            [[ $old =~ ^[A-Za-z0-9._+-]+$ ]] || continue
+            [[ " ${enabled[*]} " == *" $old "* ]] || lj_remove "/etc/enroot/hooks.d/$old"
+        done <"$state"
+    fi
+    if [ ${#enabled[@]} -gt 0 ]; then
+        printf '%s\n' "${enabled[@]}" | lj_install_text "$LJ_HOOKS_STATE" 0644
+    elif [ -f "$state" ]; then
+        lj_remove "$LJ_HOOKS_STATE"
+    fi
 }
 
 lj_enroot_credentials_configured() {

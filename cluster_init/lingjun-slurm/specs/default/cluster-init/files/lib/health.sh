@@ -7,10 +7,58 @@ readonly LJ_HEALTH_CONF=/etc/lingjun-slurm/health.conf
 readonly LJ_THRESHOLDS=/etc/lingjun-slurm/health/thresholds
 readonly LJ_BOOT_STAMP=/run/lingjun-slurm/health-boot.done
 
+# lj_health_knows_sku NAME: whether lingjun-health finds thresholds for SKU=NAME among the
+# shipped files, resolving it as the program does (case-insensitively: thresholds/NAME.conf,
+# else a file listing NAME in INSTANCE_TYPES=).
+lj_health_knows_sku() {
+    local sku=${1,,} f base
+    [ -n "$sku" ] || return 1
+    for f in "$LJ_SPEC_FILES"/health/thresholds/*.conf; do
+        [ -f "$f" ] || continue
+        base=${f##*/}
+        [ "${base,,}" != "$sku.conf" ] || return 0
+    done
+    for f in "$LJ_SPEC_FILES"/health/thresholds/*.conf; do
+        [ -f "$f" ] || continue
+        if awk -v s="$sku" '/^[ \t]*INSTANCE_TYPES[ \t]*=/ {
+                v = $0; sub(/^[^=]*=/, "", v); gsub(/["\047]/, "", v)
+                n = split(v, a, /[ \t]+/); for (i = 1; i <= n; i++) if (tolower(a[i]) == s) found = 1
+            } END { exit !found }' "$f"; then
+            return 0
+        fi
+    done
+    return 1
+}
+
+# Sets LJ_SKU to a name lingjun-health has thresholds for: the instance type when a file
+# covers it, else the NCCL profile (an instance type without its own thresholds, e.g. a VM
+# size mapped to a generic profile by lingjun_slurm.nccl.profile). Refuses (exit 2) when
+# neither resolves: the program would reject health.conf at every run and drain nothing.
 lj_health_preflight() {
+    local image
     lj_cfg_true health.enabled || return 0
+    # lingjun-health starts a container created beforehand (enroot create --name NAME) or a
+    # local .sqsh file; it never imports from a registry (every HealthCheckInterval), so a
+    # reference such as nvcr.io#nvidia/pytorch:24.05-py3 would fail and drain every node.
+    image=$(lj_cfg health.enroot_image)
+    if [ -n "$image" ] && ! [[ $image =~ ^/[^[:space:]]+\.sqsh$ ||
+    ($image =~ ^[A-Za-z0-9][A-Za-z0-9._+-]*$ && $image != *.sqsh) ]]; then
+        lj_config_bad lingjun_slurm.health.enroot_image "expected the name of an enroot container created beforehand or the absolute path of a .sqsh image (not a registry reference)"
+    fi
     [ -f "$LJ_SPEC_FILES/health/lingjun-health" ] ||
         lj_die "missing $LJ_SPEC_FILES/health/lingjun-health: regenerate with python -m lingjun_slurm.clusterinit_gen cluster_init/"
+    if lj_health_knows_sku "$LJ_INSTANCE_TYPE"; then
+        LJ_SKU=$LJ_INSTANCE_TYPE
+    elif lj_health_knows_sku "$LJ_NCCL_PROFILE"; then
+        [ -z "$LJ_INSTANCE_TYPE" ] ||
+            lj_log "no health-check thresholds for instance type $LJ_INSTANCE_TYPE: using those of NCCL profile $LJ_NCCL_PROFILE"
+        LJ_SKU=$LJ_NCCL_PROFILE
+    else
+        local what=""
+        [ -z "$LJ_INSTANCE_TYPE" ] || what="instance type '$LJ_INSTANCE_TYPE'"
+        [ -z "$LJ_NCCL_PROFILE" ] || what="${what:+$what or }NCCL profile '$LJ_NCCL_PROFILE'"
+        lj_die 2 "no health-check thresholds for ${what:-this node (no instance type, no NCCL profile)} in the execute spec's files/health/thresholds/: set lingjun_slurm.nccl.profile or lingjun_slurm.nccl.instance_type to a name that has them, or lingjun_slurm.health.enabled: false"
+    fi
 }
 
 lj_health_conf_text() {
@@ -38,7 +86,6 @@ lj_health_install() {
         name=${dest##*/}
         [ -f "$dest" ] && [ ! -f "$src/thresholds/$name" ] && lj_remove "$LJ_THRESHOLDS/$name"
     done
-    [ -n "$LJ_SKU" ] || lj_warn "no instance type or NCCL profile: health.conf has an empty SKU"
     lj_health_conf_text | lj_install_text "$LJ_HEALTH_CONF" 0644
 }
 
@@ -50,7 +97,7 @@ lj_boot_id() {
 
 # lingjun-health --boot, once per boot (the stamp lives in /run and names the boot).
 lj_health_boot_check() {
-    local policy stamp boot rc=0
+    local policy stamp boot node rc=0
     lj_cfg_true health.enabled || return 0
     policy=$(lj_cfg health.boot_check)
     [ "$policy" != off ] || return 0
@@ -60,9 +107,14 @@ lj_health_boot_check() {
         lj_log "the boot health check already ran during this boot"
         return 0
     fi
-    lj_log "run: $LJ_HEALTH_PROGRAM --boot"
+    # The Slurm node name: on CycleCloud it is the CycleCloud node name (slurmd runs with -N
+    # NAME), which need not be the host name lingjun-health falls back to.
+    local -a args=(--boot)
+    node=$(lj_jetpack_value cyclecloud.node.name)
+    [ -z "$node" ] || args+=(--node "$node")
+    lj_log "run: $LJ_HEALTH_PROGRAM ${args[*]}"
     # in a sandbox, lingjun-health reads the node's files under the same root
-    LINGJUN_HEALTH_ROOT=$LJ_ROOT "$(lj_path "$LJ_HEALTH_PROGRAM")" --boot || rc=$?
+    LINGJUN_HEALTH_ROOT=$LJ_ROOT "$(lj_path "$LJ_HEALTH_PROGRAM")" "${args[@]}" || rc=$?
     if [ $rc -ne 0 ]; then
         if [ "$policy" = fail ]; then
             lj_die "the boot health check failed (lingjun-health --boot exited $rc): this node must not take jobs. Fix it, or set lingjun_slurm.health.boot_check: warn"

@@ -89,7 +89,11 @@ lj_pyxis_preflight() {
     lj_require_checksum "$file"
     LJ_PYXIS_INCLUDE=$(lj_pyxis_find_include)
     inc=$(lj_path "$LJ_PYXIS_INCLUDE")
-    headers=$(cat "$inc/slurm/spank.h" "$inc"/slurm/slurm_version.h 2>/dev/null | sha256sum)
+    # slurm_version.h when present (a missing one must not stop the install without a word:
+    # with pipefail, a failing cat here would)
+    local -a header_files=("$inc/slurm/spank.h")
+    [ ! -f "$inc/slurm/slurm_version.h" ] || header_files+=("$inc/slurm/slurm_version.h")
+    headers=$(cat -- "${header_files[@]}" | sha256sum)
     LJ_PYXIS_STAMP_TEXT=$(printf 'version=%s\ntarball_sha256=%s\nslurm_headers_sha256=%s\nplugin=%s' \
         "$version" "$(lj_checksum_for "$file")" "${headers%% *}" "$LJ_PYXIS_PLUGIN")
     if lj_pyxis_build_current; then

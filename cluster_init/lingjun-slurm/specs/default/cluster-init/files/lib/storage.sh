@@ -20,11 +20,23 @@ lj_mount_source() {
     awk -v p="$1" '$2 == p { src = $1 } END { if (src != "") print src }' "$mounts"
 }
 
-# lj_has_signature DEV: whether blkid finds a filesystem or RAID signature on DEV.
+# lj_has_signature DEV: whether blkid finds a filesystem, RAID or partition-table signature
+# on DEV. Only blkid's "nothing found" (exit status 2) means none: any other failure
+# (ambivalent result, 8; a device it cannot open) counts as "in use", so that such a disk is
+# never formatted.
 lj_has_signature() {
-    local out
-    out=$(blkid -p -s TYPE -o value "$1" 2>/dev/null) || return 1
-    [ -n "$out" ]
+    local rc=0
+    blkid -p "$1" >/dev/null 2>&1 || rc=$?
+    [ "$rc" -ne 2 ]
+}
+
+# lj_is_our_scratch DEV: whether DEV holds the XFS file system lj_mount_scratch made on a
+# single disk (label $LJ_MD_NAME): after a reboot it is mounted again, never reformatted.
+lj_is_our_scratch() {
+    local type label
+    type=$(blkid -p -s TYPE -o value "$1" 2>/dev/null) || return 1
+    label=$(blkid -p -s LABEL -o value "$1" 2>/dev/null) || return 1
+    [ "$type" = xfs ] && [ "$label" = "$LJ_MD_NAME" ]
 }
 
 lj_nvme_excluded() {
@@ -51,9 +63,13 @@ lj_nvme_candidates() {
         [ -r "$sys/device/model" ] && model=$(tr -s ' ' <"$sys/device/model" | sed 's/ *$//')
         lj_nvme_excluded "$model" && continue
         [ -n "$(lj_mount_source_of_dev "/dev/$name")" ] && continue
+        if lj_is_our_scratch "/dev/$name"; then
+            printf 'ours /dev/%s\n' "$name"
+            continue
+        fi
         lj_has_signature "/dev/$name" && continue
-        printf '/dev/%s\n' "$name"
-    done | sort -V
+        printf 'free /dev/%s\n' "$name"
+    done | sort -k2,2V
 }
 
 lj_mount_source_of_dev() {
@@ -65,7 +81,7 @@ lj_mount_source_of_dev() {
 
 lj_mount_scratch() {
     local dev=$1 mnt=$2
-    lj_has_signature "$dev" || lj_run mkfs.xfs -f -q "$dev"
+    lj_has_signature "$dev" || lj_run mkfs.xfs -f -q -L "$LJ_MD_NAME" "$dev"
     lj_ensure_dir "$mnt" 0755
     lj_run mount -o noatime "$dev" "$mnt"
     lj_changed "mounted $dev at $mnt"
@@ -86,7 +102,21 @@ lj_nvme_setup() {
         LJ_NVME_MOUNTED=1
         return 0
     fi
-    mapfile -t disks < <(lj_nvme_candidates)
+    local -a found=()
+    local line ours=""
+    mapfile -t found < <(lj_nvme_candidates)
+    for line in "${found[@]}"; do
+        case $line in
+        "ours "*) [ -n "$ours" ] || ours=${line#ours } ;;
+        "free "*) disks+=("${line#free }") ;;
+        esac
+    done
+    if [ -n "$ours" ]; then
+        lj_log "found the NVMe scratch file system $ours (label $LJ_MD_NAME)"
+        lj_mount_scratch "$ours" "$mnt"
+        LJ_NVME_MOUNTED=1
+        return 0
+    fi
     case ${#disks[@]} in
     0)
         lj_log "no unused local NVMe disk"
@@ -112,7 +142,7 @@ lj_storage_setup() {
     configured=$(lj_cfg storage.scratch)
     mnt=$(lj_cfg storage.nvme_mount)
     if [ -n "$configured" ]; then
-        lj_ensure_dir "$configured" 0755
+        lj_create_dir "$configured" 0755
         LJ_SCRATCH=$configured
         lj_log "scratch: $LJ_SCRATCH (lingjun_slurm.storage.scratch)"
         return 0
