@@ -112,3 +112,32 @@ def test_shipped_pins_file_is_well_formed_and_cited():
         assert source.strip(), f"{name}: every row says where its checksum comes from"
         if digest == "-":
             assert "No published checksum" in source, name
+
+
+def test_a_token_in_the_mirror_url_never_reaches_logs_or_command_lines(make_node, served):
+    """A mirror URL may carry credentials (https://user:token@mirror/...): the installer logs it
+    as ***@ and hands it to curl on stdin, so neither the log, the output nor ps shows it."""
+    url, hits = served
+    token = "s3cr3t-T0ken"
+    mirror = url.replace("http://", f"http://lingjun:{token}@") + "/"
+    node = make_node(artifacts_in_files=False, config={"lingjun_slurm.artifacts.url": mirror,
+                                                       "lingjun_slurm.artifacts.offline": "true"})
+    result = node.run("execute")
+    assert result.returncode == 0, result.stderr
+    assert hits, "the files came from the mirror"
+    assert "http://***@127.0.0.1" in result.stdout
+    for text in (result.stdout, result.stderr, node.log(), "\n".join(node.calls())):
+        assert token not in text
+
+
+def test_a_failing_mirror_with_a_token_is_reported_redacted(make_node, served):
+    url, _ = served
+    token = "s3cr3t-T0ken"
+    node = make_node(artifacts_in_files=False,
+                     config={"lingjun_slurm.artifacts.url": url.replace("http://", f"http://u:{token}@") + "/missing/",
+                             "lingjun_slurm.artifacts.offline": "true"})
+    result = node.run("execute")
+    assert result.returncode != 0
+    assert "could not fetch" in result.stdout + result.stderr and "***@" in result.stdout + result.stderr
+    for text in (result.stdout, result.stderr, node.log()):
+        assert token not in text

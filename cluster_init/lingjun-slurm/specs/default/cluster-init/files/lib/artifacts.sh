@@ -50,21 +50,35 @@ lj_require_checksum() {
     [ -n "$sum" ] || lj_die 2 "refusing to install $1: no published SHA-256 for it in $(lj_pins_file). Add one you trust with lingjun_slurm.checksums (\"$1=SHA256\") or lingjun_slurm.pins_file; never install unverified software"
 }
 
+# lj_redact URL: URL with any user[:password]@ replaced by ***@, for logs and messages (a
+# mirror URL may carry a token).
+lj_redact() {
+    local re='^([A-Za-z][A-Za-z0-9+.-]*://)[^/]*@(.*)$'
+    if [[ $1 =~ $re ]]; then
+        printf '%s***@%s' "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}"
+    else
+        printf '%s' "$1"
+    fi
+}
+
 # lj_download URL DEST: fetch URL (http, https or file, or a plain absolute path) into DEST.
+# The URL goes to curl on stdin (--config -), never on its command line, where ps shows it.
 lj_download() {
-    local url=$1 dest=$2
+    local url=$1 dest=$2 quoted
     if [[ $url == /* ]]; then
         # the project's own files/artifacts/: copied as is (a file:// URL would need its
         # spaces and other special characters percent-encoded)
         cp -- "$url" "$dest"
     elif command -v curl >/dev/null 2>&1; then
-        curl -fsSL --retry 3 --connect-timeout 30 -o "$dest" -- "$url"
+        quoted=${url//\\/\\\\}
+        quoted=${quoted//\"/\\\"}
+        curl -fsSL --retry 3 --connect-timeout 30 -o "$dest" --config - <<<"url = \"$quoted\""
     elif [[ $url == file://* ]]; then
         cp -- "${url#file://}" "$dest"
     elif command -v wget >/dev/null 2>&1; then
-        wget -q -O "$dest" -- "$url"
+        wget -q -O "$dest" -i - <<<"$url"
     else
-        lj_die "neither curl nor wget is installed: cannot fetch $url"
+        lj_die "neither curl nor wget is installed: cannot fetch $(lj_redact "$url")"
     fi
 }
 
@@ -98,18 +112,20 @@ lj_fetch() {
         tmp=$(mktemp "$cache/.$file.XXXXXX")
         if ! lj_download "$url" "$tmp" 2>"$LJ_WORK/download.err"; then
             rm -f -- "$tmp"
-            lj_warn "could not fetch $file from $url: $(head -c 300 "$LJ_WORK/download.err")"
+            lj_warn "could not fetch $file from $(lj_redact "$url"): $(head -c 300 "$LJ_WORK/download.err")"
             continue
         fi
         got=$(lj_sha256 "$tmp")
         if [ "$got" != "$sum" ]; then
             rm -f -- "$tmp"
-            lj_die "checksum mismatch for $file from $url: expected $sum, got $got; refusing it"
+            lj_die "checksum mismatch for $file from $(lj_redact "$url"): expected $sum, got $got; refusing it"
         fi
         mv -f -- "$tmp" "$cached"
-        lj_log "fetched $file from $url (sha256 $sum verified)"
+        lj_log "fetched $file from $(lj_redact "$url") (sha256 $sum verified)"
         LJ_FETCHED=$cached
         return 0
     done
-    lj_die "cannot fetch $file from any source (${sources[*]})"
+    local shown=()
+    for url in "${sources[@]}"; do shown+=("$(lj_redact "$url")"); done
+    lj_die "cannot fetch $file from any source (${shown[*]})"
 }

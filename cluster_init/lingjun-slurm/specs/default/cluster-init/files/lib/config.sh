@@ -130,6 +130,8 @@ lj_config_log() {
         value=${LJ_CFG[$key]}
         if [ "${LJ_CFG_TYPE[$key]}" = secret ]; then
             if [ -n "$value" ]; then value="<set>"; else value="<unset>"; fi
+        elif [ "${LJ_CFG_TYPE[$key]}" = url ]; then
+            value=$(lj_redact "$value")
         fi
         lj_log "  $key = $value"
     done
