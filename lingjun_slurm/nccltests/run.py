@@ -21,6 +21,10 @@ from ..status import ACTIVE
 from ..status import read_marker
 from ..transport.base import Transport
 
+# Pending reasons that only an admin (or a change of the request) resolves: worth saying so,
+# since the command would otherwise wait silently (a drained node in --nodelist, typically).
+STUCK_REASONS = ("ReqNodeNotAvail", "PartitionNodeLimit", "PartitionConfig", "PartitionDown", "PartitionInactive",
+                 "BadConstraints", "InvalidAccount", "InvalidQOS", "AssocGrp", "AssocMax", "QOSMax", "Nodes_required")
 GONE_POLLS = 3  # polls a job may be missing everywhere before it is reported UNKNOWN
 QUEUE_FAILURES = 5  # consecutive failed squeue polls (a busy slurmctld times out) before giving up
 
@@ -154,6 +158,10 @@ class Waiter:
                 if shown.get(job_id) != state:
                     shown[job_id] = state
                     self.progress(f"job {job_id} ({job.label}): {state}")
+                    if info.state == "PENDING" and info.reason and info.reason.startswith(STUCK_REASONS):
+                        self.progress(f"job {job_id} may wait until an admin acts ({info.reason}: a drained or down "
+                                      "node, or a request the partition cannot meet); check `sinfo -R`, "
+                                      "Ctrl-C cancels the test")
                 if info.state not in ACTIVE:
                     ended[job_id] = _end(info)
                     del pending[job_id]

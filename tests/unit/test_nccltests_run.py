@@ -197,3 +197,17 @@ def test_sigterm_while_submitting_cancels_what_was_queued(tmp_path: Path) -> Non
         assert sched.cancelled == ["101", "102"] and not got
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+def test_a_job_stuck_on_a_drained_node_is_called_out_once(tmp_path: Path) -> None:
+    """A pending reason only an admin resolves (ReqNodeNotAvail: a drained node in --nodelist) is
+    said once, with what to check; an ordinary wait for resources is not."""
+    jobs = [Job("101", "round 1: node1+node2", str(tmp_path)), Job("102", "round 1: node3+node4", str(tmp_path))]
+    stuck = [info("101", "PENDING", reason="ReqNodeNotAvail, UnavailableNodes:node2"),
+             info("102", "PENDING", reason="Resources")]
+    done = [info("101", "COMPLETED", 0), info("102", "COMPLETED", 0)]
+    sched = FakeSlurm([stuck, stuck, done])
+    lines: list[str] = []
+    Waiter(LocalTransport(), sched, poll_s=0, progress=lines.append).wait(jobs)
+    hints = [line for line in lines if "may wait until an admin acts" in line]
+    assert len(hints) == 1 and hints[0].startswith("job 101") and "sinfo -R" in hints[0]
