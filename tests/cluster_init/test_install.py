@@ -313,3 +313,18 @@ def test_generated_health_program_accepts_the_installed_config(make_node):
     assert "FAIL gpu-count 0 GPUs, expected 8" in check.stdout, "thresholds found from SKU= in health.conf"
     space = [line for line in check.stdout.splitlines() if " enroot-space " in line]
     assert space and "/tmp/enroot/" in space[0], "enroot's paths are read from ENROOT_CONF"
+
+
+def test_node_tests_fail_on_a_broken_node(make_node):
+    """The specs' CycleCloud node tests are real checks: a plugin with the wrong mode, a missing
+    plugstack entry, or a role that never ran, each fail."""
+    node = make_node()
+    assert node_test(node, "login").returncode == 1, "the role never ran"
+    assert node.run("login").returncode == 0
+    node.path("/usr/lib64/slurm/spank_pyxis.so").chmod(0o600)
+    node.path("/etc/slurm/plugstack.conf.d/pyxis.conf").write_text("")
+    check = node_test(node, "login")
+    assert check.returncode == 1
+    assert "FAIL pyxis plugin /usr/lib64/slurm/spank_pyxis.so (0644)" in check.stdout
+    assert "FAIL pyxis enabled in /etc/slurm/plugstack.conf.d/pyxis.conf" in check.stdout
+    assert "2 check(s) failed" in check.stdout

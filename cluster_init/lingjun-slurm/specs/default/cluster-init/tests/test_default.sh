@@ -3,30 +3,12 @@
 # CycleCloud runs it in testing mode; it also runs by hand on any node (bash test_default.sh) and, in
 # the repository's tests, against a sandboxed node (LINGJUN_NODE_ROOT). Exit status 1 = a check failed.
 set -euo pipefail
-R=${LINGJUN_NODE_ROOT:-}
-failures=0
-
-check() {
-    local what=$1
-    shift
-    if "$@" >/dev/null 2>&1; then
-        echo "ok   $what"
-    else
-        echo "FAIL $what"
-        failures=$((failures + 1))
-    fi
-}
-has_mode() { [ -f "$R$1" ] && [ "$(stat -c %a "$R$1")" = "$2" ]; }
-has_line() { grep -qxF -- "$2" "$R$1"; }
-state_file=$R/etc/lingjun-slurm/installed-default.env
-state() { sed -n "s/^$1=//p" "$state_file"; }
-if [ ! -f "$state_file" ]; then
-    echo "FAIL the default spec has not run here (no /etc/lingjun-slurm/installed-default.env)"
-    exit 1
-fi
+spec_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# On a node: /mnt/cluster-init/lingjun-slurm/{default,default}/; in the repository: specs/*/cluster-init/.
+lib=$spec_dir/../default/files/lib/node-test.sh
+[ -f "$lib" ] || lib=$spec_dir/../../default/cluster-init/files/lib/node-test.sh
+# shellcheck source=SCRIPTDIR/../../../default/cluster-init/files/lib/node-test.sh
+. "$lib"
+lj_test_begin default
 check "configuration mode recorded ($(state CONFIG_MODE))" test -n "$(state CONFIG_MODE)"
-
-if [ "$failures" -gt 0 ]; then
-    echo "$failures check(s) failed"
-    exit 1
-fi
+lj_test_end

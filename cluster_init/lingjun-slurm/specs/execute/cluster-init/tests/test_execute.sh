@@ -3,27 +3,13 @@
 # CycleCloud runs it in testing mode; it also runs by hand on any node (bash test_execute.sh) and, in
 # the repository's tests, against a sandboxed node (LINGJUN_NODE_ROOT). Exit status 1 = a check failed.
 set -euo pipefail
-R=${LINGJUN_NODE_ROOT:-}
-failures=0
-
-check() {
-    local what=$1
-    shift
-    if "$@" >/dev/null 2>&1; then
-        echo "ok   $what"
-    else
-        echo "FAIL $what"
-        failures=$((failures + 1))
-    fi
-}
-has_mode() { [ -f "$R$1" ] && [ "$(stat -c %a "$R$1")" = "$2" ]; }
-has_line() { grep -qxF -- "$2" "$R$1"; }
-state_file=$R/etc/lingjun-slurm/installed-execute.env
-state() { sed -n "s/^$1=//p" "$state_file"; }
-if [ ! -f "$state_file" ]; then
-    echo "FAIL the execute spec has not run here (no /etc/lingjun-slurm/installed-execute.env)"
-    exit 1
-fi
+spec_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# On a node: /mnt/cluster-init/lingjun-slurm/{default,execute}/; in the repository: specs/*/cluster-init/.
+lib=$spec_dir/../default/files/lib/node-test.sh
+[ -f "$lib" ] || lib=$spec_dir/../../default/cluster-init/files/lib/node-test.sh
+# shellcheck source=SCRIPTDIR/../../../default/cluster-init/files/lib/node-test.sh
+. "$lib"
+lj_test_begin execute
 check "/etc/enroot/enroot.conf (0644)" has_mode /etc/enroot/enroot.conf 644
 scratch=$(state SCRATCH)
 check "enroot's paths are on the scratch $scratch" grep -q "^ENROOT_DATA_PATH $scratch/enroot/data/" "$R/etc/enroot/enroot.conf"
@@ -50,18 +36,5 @@ fi
 if [ -z "$R" ] && [ "$(state ENROOT_INSTALL)" = true ]; then
     check "enroot version is $(state ENROOT_VERSION)" test "$(enroot version 2>/dev/null)" = "$(state ENROOT_VERSION)"
 fi
-if [ "$(state PYXIS_MODE)" != skip ]; then
-    plugin=$(state PYXIS_PLUGIN)
-    conf_dir=$(state SLURM_CONF_DIR)
-    check "pyxis plugin $plugin (0644)" has_mode "$plugin" 644
-    check "pyxis enabled in $conf_dir/plugstack.conf.d/pyxis.conf" grep -q "^required $plugin " "$R$conf_dir/plugstack.conf.d/pyxis.conf"
-    check "plugstack.conf includes plugstack.conf.d/*" grep -Eq "^[[:space:]]*include[[:space:]]+$conf_dir/plugstack.conf.d/\*" "$R$conf_dir/plugstack.conf"
-    if [ -z "$R" ] && command -v srun >/dev/null 2>&1; then
-        check "srun --help shows pyxis's --container-image" bash -c 'srun --help 2>&1 | grep -q -- --container-image'
-    fi
-fi
-
-if [ "$failures" -gt 0 ]; then
-    echo "$failures check(s) failed"
-    exit 1
-fi
+lj_test_pyxis
+lj_test_end

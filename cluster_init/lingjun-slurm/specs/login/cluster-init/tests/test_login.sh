@@ -3,39 +3,12 @@
 # CycleCloud runs it in testing mode; it also runs by hand on any node (bash test_login.sh) and, in
 # the repository's tests, against a sandboxed node (LINGJUN_NODE_ROOT). Exit status 1 = a check failed.
 set -euo pipefail
-R=${LINGJUN_NODE_ROOT:-}
-failures=0
-
-check() {
-    local what=$1
-    shift
-    if "$@" >/dev/null 2>&1; then
-        echo "ok   $what"
-    else
-        echo "FAIL $what"
-        failures=$((failures + 1))
-    fi
-}
-has_mode() { [ -f "$R$1" ] && [ "$(stat -c %a "$R$1")" = "$2" ]; }
-has_line() { grep -qxF -- "$2" "$R$1"; }
-state_file=$R/etc/lingjun-slurm/installed-login.env
-state() { sed -n "s/^$1=//p" "$state_file"; }
-if [ ! -f "$state_file" ]; then
-    echo "FAIL the login spec has not run here (no /etc/lingjun-slurm/installed-login.env)"
-    exit 1
-fi
-if [ "$(state PYXIS_MODE)" != skip ]; then
-    plugin=$(state PYXIS_PLUGIN)
-    conf_dir=$(state SLURM_CONF_DIR)
-    check "pyxis plugin $plugin (0644)" has_mode "$plugin" 644
-    check "pyxis enabled in $conf_dir/plugstack.conf.d/pyxis.conf" grep -q "^required $plugin " "$R$conf_dir/plugstack.conf.d/pyxis.conf"
-    check "plugstack.conf includes plugstack.conf.d/*" grep -Eq "^[[:space:]]*include[[:space:]]+$conf_dir/plugstack.conf.d/\*" "$R$conf_dir/plugstack.conf"
-    if [ -z "$R" ] && command -v srun >/dev/null 2>&1; then
-        check "srun --help shows pyxis's --container-image" bash -c 'srun --help 2>&1 | grep -q -- --container-image'
-    fi
-fi
-
-if [ "$failures" -gt 0 ]; then
-    echo "$failures check(s) failed"
-    exit 1
-fi
+spec_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# On a node: /mnt/cluster-init/lingjun-slurm/{default,login}/; in the repository: specs/*/cluster-init/.
+lib=$spec_dir/../default/files/lib/node-test.sh
+[ -f "$lib" ] || lib=$spec_dir/../../default/cluster-init/files/lib/node-test.sh
+# shellcheck source=SCRIPTDIR/../../../default/cluster-init/files/lib/node-test.sh
+. "$lib"
+lj_test_begin login
+lj_test_pyxis
+lj_test_end
