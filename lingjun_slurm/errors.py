@@ -1,4 +1,5 @@
-"""Typed errors and the CLI's exit codes (0 ok, 1 run-time failure, 2 invalid input)."""
+"""Typed errors and the CLI's exit codes (0 ok, 1 run-time failure, 2 invalid input; SSH: 3 host
+unreachable, 4 authentication failed, 5 host key refused)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ from dataclasses import dataclass, field
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_INVALID = 2
+EXIT_UNREACHABLE = 3
+EXIT_AUTH = 4
+EXIT_HOSTKEY = 5
 
 Loc = tuple[str | int, ...]
 
@@ -85,6 +89,31 @@ class CommandError(LingjunError):
 
 class TransportError(LingjunError):
     """The transport itself failed (a file could not be read or written, a connection dropped)."""
+
+
+class SSHError(TransportError):
+    """Connecting over SSH failed; the subclasses carry the exit codes 3, 4 and 5. Messages are one
+    line naming the host as written and the resolved HOSTNAME:PORT, never a secret."""
+
+
+class HostUnreachable(SSHError):
+    """DNS failure, connection refused or timed out, no SSH server answering, a jump host that
+    could not forward the connection."""
+
+    exit_code = EXIT_UNREACHABLE
+
+
+class AuthFailed(SSHError):
+    """The server accepted none of the keys offered (there are never password prompts)."""
+
+    exit_code = EXIT_AUTH
+
+
+class HostKeyError(SSHError):
+    """The server's host key is not in known_hosts (and accepting new keys was not asked for),
+    differs from the recorded one (possible man-in-the-middle) or is revoked."""
+
+    exit_code = EXIT_HOSTKEY
 
 
 class SubmitError(LingjunError):

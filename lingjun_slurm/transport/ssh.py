@@ -1,0 +1,1042 @@
+"""The SSH transport: commands and files on a remote login node, over one paramiko connection.
+
+Design notes (docs/remote.md summarises them for users)
+
+Target and configuration
+    `SSHTransport(target)` takes `[USER@]HOST[:PORT]`, `ssh://[USER@]HOST[:PORT]` or an ssh_config
+    alias; `host` returns it exactly as given (it is stored in run records and reopened from
+    there). The ssh_config file is the `ssh_config` argument, else $LINGJUN_SSH_CONFIG, else
+    ~/.ssh/config (a missing file is no config; /etc/ssh/ssh_config is not read). Honoured,
+    through paramiko.SSHConfig (so Host/Match blocks and %h/%p/%r/~ tokens work as paramiko
+    supports them): HostName, User, Port, IdentityFile (several), IdentitiesOnly, ProxyJump
+    (a comma-separated chain, each hop resolved through the config too, the first hop's own
+    ProxyJump included; `none` disables), ProxyCommand (when there is no ProxyJump; run by
+    paramiko), UserKnownHostsFile, GlobalKnownHostsFile, HashKnownHosts, HostKeyAlias,
+    StrictHostKeyChecking, ConnectTimeout, ServerAliveInterval. A user or port in the target
+    wins over the config's. ConnectTimeout/ServerAliveInterval apply when the constructor's
+    connect_timeout/keepalive_s are left at their defaults.
+
+Keys (never a password or passphrase prompt)
+    Tried in OpenSSH's order: each IdentityFile (or, when the config names none,
+    ~/.ssh/id_ed25519, id_ecdsa, id_rsa), signed by the ssh-agent ($SSH_AUTH_SOCK) when the agent
+    holds that key (matched through the file's .pub), else loaded from the file; then the agent's
+    other keys, unless IdentitiesOnly yes. An encrypted key file the agent does not hold is
+    skipped, and when nothing works the message names it and says to ssh-add it. Password and
+    keyboard-interactive authentication are never attempted; a server that wants a second
+    factor after the key is an authentication failure.
+
+Host keys
+    Read from the known_hosts file (the `known_hosts` argument, else $LINGJUN_KNOWN_HOSTS, else
+    the config's first UserKnownHostsFile, else ~/.ssh/known_hosts), the config's other
+    UserKnownHostsFiles, and /etc/ssh/ssh_known_hosts (or GlobalKnownHostsFile). Hashed entries,
+    wildcard and !negated patterns and @revoked lines are understood; @cert-authority lines are
+    ignored (host certificates are not supported). The key is checked right after the key
+    exchange, before any authentication, for every hop of a ProxyJump chain. Unknown: refused
+    (HostKeyError, exit 5) unless accept_new_host_key=True (the CLI's --accept-new-host-key) or
+    StrictHostKeyChecking accept-new/no/off in ssh_config, in which case it is accepted and
+    appended to the first known_hosts file (plain `[host]:port type key` as OpenSSH writes, or
+    hashed with HashKnownHosts yes; a missing file is created 0600 in a 0700 directory).
+    A mismatch, a key of a type other than the recorded one, or a revoked key is always refused
+    (unlike OpenSSH's StrictHostKeyChecking=no, which connects anyway).
+
+Connection
+    Opened lazily on first use; one paramiko Transport plus one SFTP session serve every command
+    and file operation until close() (a connection found dead before an operation is reopened).
+    connect_timeout bounds the TCP connect, the banner, the key exchange and authentication;
+    keepalive_s sends SSH keepalives (and TCP keepalive is on). Errors: DNS failure, refused,
+    timed out, no SSH server, a jump host that cannot forward -> HostUnreachable (3); no key
+    accepted -> AuthFailed (4); host key unknown/mismatched/revoked -> HostKeyError (5); a
+    connection lost during a command or a file operation -> TransportError (1) naming what ran.
+
+Commands
+    The remote sshd hands the command line to the user's login shell (which must be POSIX-like:
+    sh, bash, dash, zsh), so every word is quoted with shlex: `cd -- 'CWD' || exit 126; if
+    command -v timeout >/dev/null 2>&1; then exec timeout -k 5 T env -- 'NAME=value' 'argv0'
+    'arg'...; else exec env -- ...; fi` (see command_line()). Environment names are checked
+    ([A-Za-z_][A-Za-z0-9_]*); values, arguments and paths are never interpreted by the shell.
+    stdin gets `input` then EOF; stdout and stderr are read by two threads (no deadlock on large
+    outputs). The run's timeout (or command_timeout when the caller passes None; both None: no
+    limit) is enforced on the remote by coreutils `timeout -k 5 T` when the remote has it
+    (SIGTERM, SIGKILL 5 s later, exit 124 with the output so far); should no answer come
+    LOCAL_GRACE_S after T (a hung connection, no `timeout` there), the program gets SIGTERM through
+    an SSH "signal" request (best effort) and the channel is closed; exit 124 either way. A
+    missing program is 127, a missing cwd 126, a command that ended without an exit status
+    (killed by a signal) 255, like ssh(1). The PATH is what sshd gives a non-interactive
+    session (plus whatever the login shell's rc files add for non-interactive shells).
+    which() scans that PATH with a fixed `sh -c` script, the name passed as $1.
+
+Files (over the one SFTP session)
+    `~` and `~/...` are expanded to the remote home (SFTP's normalize('.'), asked once);
+    relative paths are relative to the home, as for commands. write_atomic and put write
+    `.NAME.tmp.<random>` beside the target (created exclusively), chmod it, then
+    posix-rename@openssh.com over the target (a server without that extension gets remove +
+    rename: not atomic). put streams 1 MiB local reads as pipelined 32 KiB writes; get reads
+    2 MiB windows of pipelined 32 KiB requests (paramiko's getfo keeps whatever arrives faster
+    than it is written, up to the whole file) into a local temp file it then renames; neither
+    holds the file in memory. No fsync on the remote. Each SFTP request is bounded by
+    command_timeout. mkdir creates
+    parents; exist_ok=False relies on the server's mkdir failing on an existing directory, so of
+    two racing callers exactly one wins. follow() keeps one remote file handle open and polls it.
+
+Lock
+    lock(path) runs `flock -x -E 75 -w TIMEOUT PATH sh -c 'echo locked; exec cat >/dev/null'`
+    on a channel of its own: the lock is held while that channel lives and released by closing
+    its stdin (or when the connection dies: sshd closes the pipe). It excludes other holders on
+    any host whose filesystem honours flock (local disks; NFSv4 maps it to POSIX locks; Lustre
+    needs the `flock` mount option) and interoperates with the local transport's flock. It needs
+    flock (util-linux) on the remote. A holder whose connection drops loses the lock without
+    noticing until its next operation fails.
+
+Not supported (yet)
+    /etc/ssh/ssh_config, Match exec (needs the invoke package), CheckHostIP, ServerAliveCountMax
+    (keepalives are sent, missing replies are not counted), host and user certificates,
+    ControlMaster, ForwardAgent, passwords and keyboard-interactive. No reconnect in the middle of
+    an operation: it fails (TransportError) and the next operation reconnects.
+
+Logging
+    Nothing secret is logged or put in messages: key files are named, key material and
+    passphrases never. paramiko's logger is silenced (and gets a NullHandler, so its
+    thread's tracebacks never reach the terminal) unless LINGJUN_DEBUG is set.
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import getpass
+import logging
+import os
+import posixpath
+import re
+import secrets
+import shlex
+import socket
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Callable, Iterator, Mapping, Optional
+
+import paramiko
+
+from ..errors import AuthFailed, HostKeyError, HostUnreachable, TransportError, UsageError
+from . import knownhosts
+from .base import Transport
+from .target import format_hostport, parse_target
+
+log = logging.getLogger("lingjun_slurm.ssh")
+
+_paramiko_log = logging.getLogger("paramiko")
+_paramiko_log.addHandler(logging.NullHandler())
+if not os.environ.get("LINGJUN_DEBUG"):
+    _paramiko_log.setLevel(logging.CRITICAL + 10)
+
+DEFAULT_CONNECT_TIMEOUT = 15.0
+DEFAULT_KEEPALIVE_S = 30
+DEFAULT_COMMAND_TIMEOUT = 120.0
+MAX_JUMP_DEPTH = 8
+DEFAULT_IDENTITIES = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")
+GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_LOCK_TIMEOUT_RC = 75
+REMOTE_KILL_GRACE_S = 5  # timeout -k: SIGKILL this long after SIGTERM
+LOCAL_GRACE_S = 10.0  # past the timeout, wait this long for the remote's own 124 before giving up on it
+_TRUE = ("yes", "true", "on")
+GET_WINDOW = 2 << 20  # get(): bytes requested at once (64 pipelined SFTP reads)
+# Host key types recorded in known_hosts -> the algorithms that negotiate them.
+_ALGS_FOR_TYPE = {"ssh-rsa": ("rsa-sha2-512", "rsa-sha2-256", "ssh-rsa")}
+
+
+@dataclass
+class _Endpoint:
+    """One SSH server to connect to, resolved through ssh_config."""
+
+    label: str  # as the user (or the ProxyJump line) wrote it
+    hostname: str
+    port: int
+    user: str
+    identity_files: list[str]
+    identities_only: bool
+    global_known_hosts: list[Path]
+    user_known_hosts: list[Path]
+    strict: str
+    hash_known_hosts: bool
+    host_key_alias: Optional[str]
+    connect_timeout: Optional[float]
+    keepalive_s: Optional[int]
+    proxy_command: Optional[str] = None
+    jump: Optional["_Endpoint"] = None
+    is_jump: bool = False
+
+    @property
+    def hostport(self) -> str:
+        return format_hostport(self.hostname, self.port)
+
+    @property
+    def where(self) -> str:
+        """`alias (hostname:port)`, or just `hostname:port` when that is what was written."""
+        shown = self.hostport if self.label in (self.hostport, self.hostname) else f"{self.label} ({self.hostport})"
+        return f"jump host {shown}" if self.is_jump else shown
+
+    @property
+    def key_name(self) -> str:
+        return self.host_key_alias or knownhosts.host_key_name(self.hostname, self.port)
+
+
+def _expand(path: str) -> Path:
+    return Path(os.path.expanduser(path))
+
+
+def _files_option(value: Optional[str]) -> list[Path]:
+    if not value:
+        return []
+    try:
+        words = shlex.split(value)
+    except ValueError:
+        words = value.split()
+    return [_expand(w) for w in words if w.lower() != "none"]
+
+
+class SSHTransport(Transport):
+    """Commands and files on `target` over SSH (see the module docstring)."""
+
+    kind = "ssh"
+
+    def __init__(self, target: str, *, accept_new_host_key: bool = False, ssh_config: Optional[Path] = None,
+                 known_hosts: Optional[Path] = None, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+                 keepalive_s: int = DEFAULT_KEEPALIVE_S,
+                 command_timeout: Optional[float] = DEFAULT_COMMAND_TIMEOUT) -> None:
+        super().__init__()
+        parse_target(target)  # validate now: UsageError before anything connects
+        self._target = target
+        self.accept_new_host_key = accept_new_host_key
+        config_path = ssh_config or os.environ.get("LINGJUN_SSH_CONFIG") or "~/.ssh/config"
+        self.ssh_config_path = _expand(str(config_path))
+        kh = known_hosts or os.environ.get("LINGJUN_KNOWN_HOSTS")
+        self._known_hosts_arg = _expand(str(kh)) if kh else None
+        self.connect_timeout = connect_timeout
+        self.keepalive_s = keepalive_s
+        self.command_timeout = command_timeout
+        self._config: Optional[paramiko.SSHConfig] = None
+        self._config_loaded = False
+        self._lock = threading.RLock()
+        self._t: Optional[paramiko.Transport] = None
+        self._sftp: Optional[paramiko.SFTPClient] = None
+        self._hops: list[paramiko.Transport] = []
+        self._home: Optional[str] = None
+        self._endpoint: Optional[_Endpoint] = None
+        self.connections = 0  # SSH connections opened (hops included): tests count them
+
+    # --- identity -----------------------------------------------------------------------
+    @property
+    def host(self) -> str:
+        return self._target
+
+    def __repr__(self) -> str:
+        return f"SSHTransport({self._target!r})"
+
+    # --- ssh_config -----------------------------------------------------------------------
+    def _ssh_config(self) -> Optional[paramiko.SSHConfig]:
+        if not self._config_loaded:
+            self._config_loaded = True
+            if self.ssh_config_path.is_file():
+                try:
+                    self._config = paramiko.SSHConfig.from_path(str(self.ssh_config_path))
+                except Exception as exc:  # paramiko.ConfigParseError, a Match exec without invoke...
+                    raise UsageError(f"cannot read the ssh_config {self.ssh_config_path}: {exc}") from None
+        return self._config
+
+    def _lookup(self, host: str) -> dict:
+        config = self._ssh_config()
+        if config is None:
+            return {}
+        try:
+            return dict(config.lookup(host))
+        except Exception as exc:
+            raise UsageError(f"cannot apply the ssh_config {self.ssh_config_path} to {host}: {exc}") from None
+
+    def _resolve(self, target: str, depth: int = 0, jump: object = "config", is_jump: bool = False) -> _Endpoint:
+        if depth > MAX_JUMP_DEPTH:
+            raise UsageError(f"ProxyJump chain for {self._target} is longer than {MAX_JUMP_DEPTH} hops "
+                             f"(a loop in {self.ssh_config_path}?)")
+        user, host, port = parse_target(target)
+        opts = self._lookup(host)
+        hostname = opts.get("hostname", host)
+        try:
+            port = port or int(opts.get("port", 22))
+        except ValueError:
+            raise UsageError(f"{self.ssh_config_path}: Port {opts.get('port')!r} for {host} is not a number") from None
+
+        def number(key: str) -> Optional[float]:
+            if key not in opts:
+                return None
+            try:
+                return float(opts[key])
+            except ValueError:
+                raise UsageError(f"{self.ssh_config_path}: {key} {opts[key]!r} for {host} is not a number") from None
+
+        user_kh = _files_option(opts.get("userknownhostsfile"))
+        global_kh = _files_option(opts.get("globalknownhostsfile")) if "globalknownhostsfile" in opts \
+            else [Path(GLOBAL_KNOWN_HOSTS)]
+        ka = number("serveraliveinterval")
+        ep = _Endpoint(
+            label=target, hostname=hostname, port=port, user=user or opts.get("user") or getpass.getuser(),
+            identity_files=list(opts.get("identityfile", [])),
+            identities_only=str(opts.get("identitiesonly", "no")).lower() in _TRUE,
+            global_known_hosts=global_kh, user_known_hosts=user_kh,
+            strict=str(opts.get("stricthostkeychecking", "yes")).lower(),
+            hash_known_hosts=str(opts.get("hashknownhosts", "no")).lower() in _TRUE,
+            host_key_alias=opts.get("hostkeyalias"), connect_timeout=number("connecttimeout"),
+            keepalive_s=int(ka) if ka is not None else None, is_jump=is_jump)
+        if jump == "config":
+            pj = opts.get("proxyjump")
+            if pj and pj.strip().lower() != "none":
+                hops = [h.strip() for h in pj.split(",") if h.strip()]
+                chain = self._resolve(hops[0], depth + 1, is_jump=True)
+                for hop in hops[1:]:
+                    chain = self._resolve(hop, depth + 1, jump=chain, is_jump=True)
+                ep.jump = chain
+            else:
+                pc = opts.get("proxycommand")
+                if pc and pc.strip().lower() != "none":
+                    ep.proxy_command = pc
+        else:
+            ep.jump = jump  # type: ignore[assignment]
+        return ep
+
+    def _known_hosts_files(self, ep: _Endpoint) -> tuple[Path, list[Path]]:
+        """(the file new keys go to, every file read)."""
+        primary = self._known_hosts_arg or (ep.user_known_hosts[0] if ep.user_known_hosts
+                                            else _expand("~/.ssh/known_hosts"))
+        files = [primary] + [p for p in ep.user_known_hosts if p != primary] + ep.global_known_hosts
+        return primary, files
+
+    # --- connecting -------------------------------------------------------------------------
+    def _timeout_for(self, ep: _Endpoint) -> float:
+        if self.connect_timeout == DEFAULT_CONNECT_TIMEOUT and ep.connect_timeout:
+            return ep.connect_timeout
+        return self.connect_timeout
+
+    def _keepalive_for(self, ep: _Endpoint) -> int:
+        if self.keepalive_s == DEFAULT_KEEPALIVE_S and ep.keepalive_s is not None:
+            return ep.keepalive_s
+        return self.keepalive_s
+
+    def _ensure(self) -> paramiko.Transport:
+        with self._lock:
+            if self._t is not None and self._t.is_active():
+                return self._t
+            if self._t is not None:
+                log.debug("connection to %s found closed; reconnecting", self._target)
+                self._close_connection()
+            if self._endpoint is None:
+                self._endpoint = self._resolve(self._target)
+            hops: list[paramiko.Transport] = []
+            try:
+                self._t = self._connect(self._endpoint, hops)
+            except BaseException:
+                for t in reversed(hops):
+                    t.close()
+                raise
+            self._hops = hops[:-1]
+            return self._t
+
+    def _sftp_client(self) -> paramiko.SFTPClient:
+        with self._lock:
+            t = self._ensure()
+            if self._sftp is None or self._sftp.get_channel() is None or self._sftp.get_channel().closed:
+                try:
+                    self._sftp = paramiko.SFTPClient.from_transport(t)
+                except (paramiko.SSHException, EOFError, OSError) as exc:
+                    raise TransportError(f"cannot start SFTP on {self.where}: {exc or type(exc).__name__}") from None
+                if self._sftp is None:
+                    raise TransportError(f"cannot start SFTP on {self.where}: the server refused the sftp subsystem")
+                if self.command_timeout:
+                    self._sftp.get_channel().settimeout(self.command_timeout)
+                self._home = None
+            return self._sftp
+
+    def _open_socket(self, ep: _Endpoint, hops: list[paramiko.Transport], timeout: float) -> object:
+        if ep.jump is not None:
+            parent = self._connect(ep.jump, hops)
+            try:
+                return parent.open_channel("direct-tcpip", (ep.hostname, ep.port), ("127.0.0.1", 0), timeout=timeout)
+            except paramiko.ChannelException as exc:
+                why = {1: "forwarding is prohibited there (AllowTcpForwarding?)",
+                       2: "it could not connect"}.get(exc.code, exc.text or f"channel error {exc.code}")
+                raise HostUnreachable(f"cannot reach {ep.where} through {ep.jump.where}: {why}") from None
+            except (paramiko.SSHException, EOFError, OSError) as exc:
+                raise HostUnreachable(f"cannot reach {ep.where} through {ep.jump.where}: "
+                                      f"{exc or type(exc).__name__}") from None
+        if ep.proxy_command:
+            try:
+                return paramiko.ProxyCommand(ep.proxy_command)
+            except Exception as exc:
+                raise HostUnreachable(f"cannot reach {ep.where}: ProxyCommand failed to start: {exc}") from None
+        try:
+            sock = socket.create_connection((ep.hostname, ep.port), timeout=timeout)
+        except socket.gaierror as exc:
+            raise HostUnreachable(f"cannot reach {ep.where}: cannot resolve the host name {ep.hostname} "
+                                  f"({exc.strerror})") from None
+        except ConnectionRefusedError:
+            raise HostUnreachable(f"cannot reach {ep.where}: connection refused (no SSH server on port {ep.port}?)") from None
+        except (socket.timeout, TimeoutError):
+            raise HostUnreachable(f"cannot reach {ep.where}: timed out after {timeout:g} s") from None
+        except OSError as exc:
+            raise HostUnreachable(f"cannot reach {ep.where}: {exc.strerror or exc}") from None
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        return sock
+
+    def _connect(self, ep: _Endpoint, hops: list[paramiko.Transport]) -> paramiko.Transport:
+        """Connect (through ep.jump when set), verify the host key, authenticate. Every Transport
+        opened is appended to hops (the last one is ep's), so the caller can close them all."""
+        timeout = self._timeout_for(ep)
+        sock = self._open_socket(ep, hops, timeout)
+        log.debug("connecting to %s", ep.where)
+        t = paramiko.Transport(sock)  # type: ignore[arg-type]
+        hops.append(t)
+        t.banner_timeout = timeout
+        t.handshake_timeout = timeout
+        t.auth_timeout = timeout
+        primary, files = self._known_hosts_files(ep)
+        entries = knownhosts.load(files)
+        self._prefer_known_types(t, knownhosts.known_types(entries, ep.key_name))
+        try:
+            t.start_client(timeout=timeout)
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            text = str(exc) or type(exc).__name__
+            if "banner" in text.lower() or isinstance(exc, (EOFError, OSError)):
+                raise HostUnreachable(f"cannot reach {ep.where}: no SSH server answered ({text})") from None
+            raise HostUnreachable(f"cannot reach {ep.where}: SSH negotiation failed ({text})") from None
+        if not (t.is_active() and t.initial_kex_done):  # start_client's timeout returns quietly
+            exc = t.get_exception()
+            t.close()
+            why = f"{exc}" if exc else f"no answer within {timeout:g} s"
+            raise HostUnreachable(f"cannot reach {ep.where}: no SSH server answered ({why})")
+        self.connections += 1
+        self._check_host_key(t, ep, primary, files, entries)
+        self._authenticate(t, ep)
+        t.set_keepalive(self._keepalive_for(ep))
+        log.debug("connected to %s as %s", ep.where, ep.user)
+        return t
+
+    @staticmethod
+    def _prefer_known_types(t: paramiko.Transport, types: list[str]) -> None:
+        if not types:
+            return
+        opts = t.get_security_options()
+        available = list(opts.key_types)
+        first = [alg for kt in types for alg in _ALGS_FOR_TYPE.get(kt, (kt,)) if alg in available]
+        if first:
+            opts.key_types = tuple(dict.fromkeys(first + available))
+
+    def _check_host_key(self, t: paramiko.Transport, ep: _Endpoint, primary: Path, files: list[Path],
+                        entries: list[knownhosts.KnownHost]) -> None:
+        key = t.get_remote_server_key()
+        blob = key.asbytes()
+        ktype, fp = knownhosts.blob_type(blob), knownhosts.fingerprint(blob)
+        verdict = knownhosts.check(entries, ep.key_name, blob)
+        if verdict.status == "ok":
+            log.debug("host key of %s matches %s", ep.where, verdict.entry.where if verdict.entry else "")
+            return
+        if verdict.status == "revoked":
+            assert verdict.entry is not None
+            raise HostKeyError(f"the host key of {ep.where} ({ktype} {fp}) is marked @revoked in "
+                               f"{verdict.entry.where}; refusing to connect")
+        if verdict.status == "mismatch":
+            e = verdict.entry
+            assert e is not None
+            recorded = ("a different key" if knownhosts.blob_type(e.blob) == ktype
+                        else f"only a {knownhosts.blob_type(e.blob)} key")
+            raise HostKeyError(
+                f"HOST KEY MISMATCH for {ep.where}: the server offers {ktype} {fp} but {e.where} records "
+                f"{recorded} for {ep.key_name}; possible man-in-the-middle attack (or the host was "
+                f"reinstalled); refusing to connect. If the change is expected, remove the old key "
+                f"(ssh-keygen -R '{ep.key_name}' -f {e.path}) and connect again with --accept-new-host-key")
+        accept = self.accept_new_host_key or ep.strict in ("accept-new", "no", "off", "false")
+        if not accept:
+            raise HostKeyError(
+                f"the host key of {ep.where} is not known ({ktype} {fp} is in none of "
+                f"{', '.join(str(f) for f in files)}); check the fingerprint, then connect once with "
+                f"--accept-new-host-key to record it in {primary}")
+        line = knownhosts.append(primary, ep.key_name, blob, hashed=ep.hash_known_hosts)
+        log.info("recorded the new host key of %s in %s: %s", ep.where, primary, line.split(" ", 1)[-1][:40])
+
+    def _agent_keys(self) -> tuple[list[paramiko.PKey], Optional[str]]:
+        if not os.environ.get("SSH_AUTH_SOCK"):
+            return [], "no ssh-agent ($SSH_AUTH_SOCK unset)"
+        try:
+            agent = paramiko.Agent()
+            keys = list(agent.get_keys())
+        except Exception as exc:  # a stale socket, an agent speaking something else
+            return [], f"ssh-agent unusable ({type(exc).__name__})"
+        return keys, None if keys else "ssh-agent holds no keys"
+
+    def _authenticate(self, t: paramiko.Transport, ep: _Endpoint) -> None:
+        explicit = bool(ep.identity_files)
+        paths = [_expand(p) for p in (ep.identity_files or DEFAULT_IDENTITIES)]
+        notes: list[str] = []
+        agent_keys, agent_note = self._agent_keys()
+        if agent_note and (not ep.identities_only or agent_keys):
+            notes.append(agent_note)
+        agent_by_blob = {k.asbytes(): k for k in agent_keys}
+        # As OpenSSH orders them: each identity file (its agent copy when the agent holds it, so an
+        # encrypted file needs no passphrase), then the agent's other keys unless IdentitiesOnly.
+        candidates: list[tuple[str, paramiko.PKey]] = []
+        used: set[bytes] = set()
+
+        def add(label: str, key: paramiko.PKey) -> None:
+            if key.asbytes() not in used:
+                used.add(key.asbytes())
+                candidates.append((label, key))
+
+        def agent_label(k: paramiko.PKey) -> str:
+            return f"ssh-agent {k.get_name()} {knownhosts.fingerprint(k.asbytes())}"
+
+        for path in paths:
+            pub_blob = _public_blob(path)
+            if pub_blob is not None and pub_blob in agent_by_blob:
+                add(agent_label(agent_by_blob[pub_blob]), agent_by_blob[pub_blob])
+                continue
+            if not path.is_file():
+                if explicit:
+                    notes.append(f"identity file {path} does not exist")
+                continue
+            try:
+                key = paramiko.PKey.from_path(str(path))
+            except (TypeError, paramiko.PasswordRequiredException):
+                notes.append(f"{path} is encrypted and ssh-agent does not hold it (ssh-add {path})")
+                continue
+            except Exception as exc:
+                notes.append(f"cannot load the key {path} ({type(exc).__name__})")
+                continue
+            if key.asbytes() in agent_by_blob:
+                add(agent_label(agent_by_blob[key.asbytes()]), agent_by_blob[key.asbytes()])
+            else:
+                add(f"{path} ({key.get_name()})", key)
+        if not ep.identities_only:
+            for k in agent_keys:
+                add(agent_label(k), k)
+        tried: list[str] = []
+        who = f"{ep.user}@{ep.where}"
+        for label, key in candidates:
+            tried.append(label)
+            try:
+                remaining = t.auth_publickey(ep.user, key)
+            except paramiko.BadAuthenticationType as exc:
+                allowed = ", ".join(exc.allowed_types) or "none"
+                raise AuthFailed(f"authentication failed for {who}: the server does not accept keys "
+                                 f"(it allows: {allowed}); lingjun-slurm authenticates with keys only") from None
+            except paramiko.AuthenticationException:
+                continue
+            except (paramiko.SSHException, EOFError, OSError) as exc:
+                if not t.is_active():
+                    raise AuthFailed(f"authentication failed for {who}: the server closed the connection after "
+                                     f"{len(tried)} key(s) ({'; '.join(tried)}; MaxAuthTries?)") from None
+                raise TransportError(f"authentication with {who} failed: {exc or type(exc).__name__}") from None
+            if remaining:
+                raise AuthFailed(f"authentication failed for {who}: the key {label} was accepted but the server "
+                                 f"also wants {', '.join(remaining)}, and lingjun-slurm never prompts")
+            log.debug("authenticated to %s with %s", ep.where, label)
+            return
+        offered = f"none of the keys offered was accepted ({'; '.join(tried)})" if tried else "no key to offer"
+        extra = f"; {'; '.join(notes)}" if notes else ""
+        raise AuthFailed(f"authentication failed for {who}: {offered}{extra}. lingjun-slurm never asks for "
+                         f"passwords: authorize a public key on the server, load it into ssh-agent, or name it "
+                         f"with IdentityFile in {self.ssh_config_path}")
+
+    def connect(self) -> "SSHTransport":
+        """Connect now (otherwise the first command or file operation does)."""
+        self._ensure()
+        return self
+
+    @property
+    def where(self) -> str:
+        if self._endpoint is None:
+            self._endpoint = self._resolve(self._target)
+        return self._endpoint.where
+
+    def _close_connection(self) -> None:
+        if self._sftp is not None:
+            try:
+                self._sftp.close()
+            except Exception:
+                pass
+        if self._t is not None:
+            self._t.close()
+        for t in reversed(self._hops):
+            t.close()
+        self._sftp, self._t, self._hops, self._home = None, None, [], None
+
+    def close(self) -> None:
+        with self._lock:
+            self._close_connection()
+
+    # --- commands ---------------------------------------------------------------------------
+    @staticmethod
+    def command_line(argv: tuple[str, ...], cwd: Optional[str] = None,
+                     env: Optional[Mapping[str, str]] = None, timeout: Optional[float] = None) -> str:
+        """The remote command line for the login shell: every word quoted; `exec`, so the program
+        replaces the shell; under coreutils' `timeout` when a timeout is given and it exists."""
+        if not argv:
+            raise UsageError("empty command")
+        for name in env or {}:
+            if not _ENV_NAME.match(name):
+                raise UsageError(f"invalid environment variable name {name!r} for a remote command")
+        words: list[str] = []
+        if env:
+            words += ["env", "--"] + [shlex.quote(f"{k}={v}") for k, v in env.items()]
+        words += [shlex.quote(a) for a in argv]
+        line = "exec " + " ".join(words)
+        if timeout is not None:
+            limited = f"exec timeout -k {REMOTE_KILL_GRACE_S} {max(timeout, 0.001):.3f} " + " ".join(words)
+            line = f"if command -v timeout >/dev/null 2>&1; then {limited}; else {line}; fi"
+        if cwd is not None:
+            line = f"cd -- {shlex.quote(cwd)} || exit 126; {line}"
+        return line
+
+    def _open_session(self) -> paramiko.Channel:
+        t = self._ensure()
+        try:
+            return t.open_session(timeout=self._timeout_for(self._endpoint) if self._endpoint else None)
+        except paramiko.ChannelException as exc:
+            raise TransportError(f"{self.where} refused a new session ({exc.text or exc.code}; MaxSessions?)") from None
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise TransportError(f"connection to {self.where} lost: {exc or type(exc).__name__}") from None
+
+    def _signal(self, chan: paramiko.Channel, name: str) -> None:
+        """Send an SSH "signal" request (RFC 4254 6.9). Best effort: OpenSSH's sshd honours it only
+        with post-auth privilege separation, which it skips for root logins."""
+        try:
+            m = paramiko.Message()
+            m.add_byte(paramiko.common.cMSG_CHANNEL_REQUEST)
+            m.add_int(chan.remote_chanid)
+            m.add_string("signal")
+            m.add_boolean(False)
+            m.add_string(name)
+            chan.transport._send_user_message(m)  # type: ignore[union-attr]
+        except Exception:
+            pass
+
+    def _run(self, argv: tuple[str, ...], *, cwd: Optional[str], env: Optional[Mapping[str, str]],
+             input: Optional[str], timeout: Optional[float]) -> tuple[int, str, str]:
+        if timeout is None:
+            timeout = self.command_timeout
+        line = self.command_line(argv, self._path(cwd) if cwd is not None else None, env, timeout)
+        chan = self._open_session()
+        started = time.monotonic()
+        what = shlex.join(argv)
+        try:
+            chan.exec_command(line)
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            chan.close()
+            raise TransportError(f"connection to {self.where} lost before running {what}: "
+                                 f"{exc or type(exc).__name__}") from None
+        out: list[bytes] = []
+        err: list[bytes] = []
+
+        def pump(recv: Callable[[int], bytes], sink: list[bytes]) -> None:
+            try:
+                while True:
+                    data = recv(1 << 16)
+                    if not data:
+                        return
+                    sink.append(data)
+            except Exception:
+                return
+
+        def feed() -> None:
+            try:
+                if input:
+                    chan.sendall(input.encode("utf-8"))
+            except Exception:
+                pass
+            finally:
+                try:
+                    chan.shutdown_write()
+                except Exception:
+                    pass
+
+        threads = [threading.Thread(target=pump, args=(chan.recv, out), daemon=True),
+                   threading.Thread(target=pump, args=(chan.recv_stderr, err), daemon=True),
+                   threading.Thread(target=feed, daemon=True)]
+        for th in threads:
+            th.start()
+        deadline = None if timeout is None else time.monotonic() + timeout + LOCAL_GRACE_S
+        timed_out = False
+        for th in threads[:2]:
+            th.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if th.is_alive():
+                timed_out = True
+                break
+        if not timed_out:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not chan.status_event.wait(remaining):
+                timed_out = True
+
+        def text(chunks: list[bytes]) -> str:
+            return b"".join(chunks).decode("utf-8", errors="replace")
+
+        def with_note(note: str) -> str:
+            e = text(err)
+            return f"{e}{'' if not e or e.endswith(chr(10)) else chr(10)}{note}"
+
+        if timed_out:
+            self._signal(chan, "TERM")
+            chan.close()
+            for th in threads:
+                th.join(1.0)
+            return 124, text(out), with_note(f"{argv[0]}: timed out after {timeout:g} s on {self.where}")
+        rc = chan.exit_status
+        chan.close()
+        if rc == 124 and timeout is not None and time.monotonic() - started >= timeout:
+            return 124, text(out), with_note(f"{argv[0]}: timed out after {timeout:g} s on {self.where}")
+        t = self._t
+        if rc == -1:
+            if t is None or not t.is_active():
+                raise TransportError(f"connection to {self.where} lost while running: {what}")
+            return 255, text(out), with_note(f"{argv[0]}: ended without an exit status (killed by a signal?)")
+        return rc, text(out), text(err)
+
+    _WHICH = ('case $1 in */*) [ -f "$1" ] && [ -x "$1" ] && printf "%s\\n" "$1" && exit 0; exit 1;; esac; '
+              'set -f; IFS=:; for d in $PATH; do [ -n "$d" ] || d=.; '
+              'if [ -f "$d/$1" ] && [ -x "$d/$1" ]; then printf "%s\\n" "$d/$1"; exit 0; fi; done; exit 1')
+
+    def which(self, program: str) -> Optional[str]:
+        if not program or any(c in program for c in "\0\n\r"):
+            return None
+        result = self.run(["sh", "-c", self._WHICH, "sh", program])
+        found = result.stdout.strip()
+        return found if result.returncode == 0 and found else None
+
+    # --- files ------------------------------------------------------------------------------
+    def home(self) -> str:
+        """The remote home directory (SFTP's normalize('.'))."""
+        sftp = self._sftp_client()
+        if self._home is None:
+            with self._sftp_errors("resolve the home directory", "~"):
+                self._home = sftp.normalize(".")
+        return self._home
+
+    def _path(self, path: str) -> str:
+        path = str(path)
+        if path == "~" or path.startswith("~/"):
+            return self.home() + path[1:]
+        return path
+
+    @contextmanager
+    def _sftp_errors(self, what: str, path: str) -> Iterator[None]:
+        try:
+            yield
+        except FileNotFoundError:
+            raise FileNotFoundError(errno.ENOENT, f"no such file or directory on {self.where}", path) from None
+        except FileExistsError:
+            raise
+        except (socket.timeout, TimeoutError):
+            self._drop_sftp()  # a late answer would confuse the next request: start a fresh session
+            raise TransportError(f"cannot {what} {path} on {self.where}: no answer within "
+                                 f"{self.command_timeout:g} s") from None
+        except (paramiko.SSHException, EOFError, ConnectionError) as exc:
+            if self._t is not None and self._t.is_active() and not isinstance(exc, EOFError):
+                raise TransportError(f"cannot {what} {path} on {self.where}: {exc or type(exc).__name__}") from None
+            raise TransportError(f"connection to {self.where} lost during: {what} {path}") from None
+        except OSError as exc:
+            if self._t is None or not self._t.is_active():
+                raise TransportError(f"connection to {self.where} lost during: {what} {path}") from None
+            raise TransportError(f"cannot {what} {path} on {self.where}: {exc.strerror or exc}") from None
+
+    def _drop_sftp(self) -> None:
+        with self._lock:
+            if self._sftp is not None:
+                try:
+                    self._sftp.close()
+                except Exception:
+                    pass
+                self._sftp = None
+
+    def _stat(self, sftp: paramiko.SFTPClient, path: str) -> Optional[paramiko.SFTPAttributes]:
+        try:
+            return sftp.stat(path)
+        except FileNotFoundError:
+            return None
+
+    def read_bytes(self, path: str) -> bytes:
+        sftp = self._sftp_client()
+        p = self._path(path)
+        with self._sftp_errors("read", path):
+            with sftp.open(p, "rb") as fh:
+                fh.prefetch()
+                return fh.read()
+
+    def exists(self, path: str) -> bool:
+        sftp = self._sftp_client()
+        p = self._path(path)
+        try:
+            with self._sftp_errors("stat", path):
+                return self._stat(sftp, p) is not None
+        except TransportError:
+            if self._t is None or not self._t.is_active():
+                raise
+            return False  # permission denied and the like, as os.path.exists
+
+    def listdir(self, path: str) -> list[str]:
+        sftp = self._sftp_client()
+        p = self._path(path)
+        with self._sftp_errors("list", path):
+            try:
+                return sorted(sftp.listdir(p))
+            except FileNotFoundError:
+                return []
+            except OSError:
+                st = self._stat(sftp, p)
+                if st is None or not _is_dir(st):
+                    return []
+                raise
+
+    def _makedirs(self, sftp: paramiko.SFTPClient, p: str, mode: int) -> None:
+        st = self._stat(sftp, p)
+        if st is not None:
+            if not _is_dir(st):
+                raise TransportError(f"cannot create directory {p} on {self.where}: a file is in the way")
+            return
+        parent = posixpath.dirname(p.rstrip("/"))
+        if parent and parent != p:
+            self._makedirs(sftp, parent, mode)
+        try:
+            sftp.mkdir(p, mode)
+        except OSError:
+            st = self._stat(sftp, p)
+            if st is None or not _is_dir(st):
+                raise
+
+    def mkdir(self, path: str, mode: int = 0o755, exist_ok: bool = True) -> None:
+        sftp = self._sftp_client()
+        p = self._path(path).rstrip("/") or "/"
+        with self._sftp_errors("create directory", path):
+            if exist_ok:
+                self._makedirs(sftp, p, mode)
+                return
+            parent = posixpath.dirname(p)
+            if parent and parent != p:
+                self._makedirs(sftp, parent, mode)
+            try:
+                sftp.mkdir(p, mode)
+            except OSError as exc:
+                if self._stat(sftp, p) is not None:
+                    raise FileExistsError(errno.EEXIST, f"{path} exists on {self.where}", path) from None
+                raise exc
+
+    def _tmp_beside(self, p: str) -> str:
+        directory, name = posixpath.split(p)
+        return posixpath.join(directory, f".{name}.tmp.{secrets.token_hex(6)}")
+
+    def _replace(self, sftp: paramiko.SFTPClient, tmp: str, p: str) -> None:
+        try:
+            sftp.posix_rename(tmp, p)
+        except OSError as exc:
+            if "unsupported" not in str(exc).lower():
+                raise
+            # A server without posix-rename@openssh.com: not atomic (there is a moment without p).
+            try:
+                sftp.remove(p)
+            except FileNotFoundError:
+                pass
+            sftp.rename(tmp, p)
+
+    def _write_via_tmp(self, path: str, mode: int, write: Callable[[IO[bytes]], None], what: str) -> None:
+        sftp = self._sftp_client()
+        p = self._path(path)
+        tmp = self._tmp_beside(p)
+        created = False
+        try:
+            with self._sftp_errors(what, path):
+                try:
+                    fh = sftp.open(tmp, "wbx")
+                except FileNotFoundError:
+                    raise TransportError(f"cannot {what} {path} on {self.where}: "
+                                         f"no directory {posixpath.dirname(p) or '.'}") from None
+                created = True
+                with fh:
+                    fh.set_pipelined(True)
+                    write(fh)  # type: ignore[arg-type]
+                sftp.chmod(tmp, mode)
+                self._replace(sftp, tmp, p)
+                created = False
+        finally:
+            if created:
+                try:
+                    sftp.remove(tmp)
+                except Exception:
+                    pass
+
+    def write_atomic(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
+        raw = data.encode("utf-8") if isinstance(data, str) else data
+
+        def write(fh: IO[bytes]) -> None:
+            for i in range(0, len(raw), 1 << 20):
+                fh.write(raw[i:i + (1 << 20)])
+
+        self._write_via_tmp(path, mode, write, "write")
+
+    def put(self, local: Path, remote: str, mode: Optional[int] = None) -> None:
+        local = Path(local)
+        try:
+            src = open(local, "rb")
+        except OSError as exc:
+            raise TransportError(f"cannot read {local}: {exc.strerror}") from None
+        with src:
+            if mode is None:
+                mode = os.fstat(src.fileno()).st_mode & 0o777
+
+            def write(fh: IO[bytes]) -> None:
+                while True:
+                    chunk = src.read(1 << 20)
+                    if not chunk:
+                        return
+                    fh.write(chunk)
+
+            self._write_via_tmp(remote, mode, write, "upload to")
+
+    def get(self, remote: str, local: Path) -> None:
+        sftp = self._sftp_client()
+        p = self._path(remote)
+        local = Path(local)
+        local.parent.mkdir(parents=True, exist_ok=True)
+        tmp = local.with_name(f".{local.name}.tmp.{secrets.token_hex(6)}")
+        try:
+            with self._sftp_errors("download", remote):
+                with sftp.open(p, "rb") as fh, open(tmp, "wb") as out:
+                    # Pipelined reads a window at a time: paramiko's getfo prefetches the whole file
+                    # and keeps what arrived faster than it was written, possibly all of it.
+                    size, offset, step = fh.stat().st_size, 0, fh.MAX_REQUEST_SIZE
+                    while offset < size:
+                        end = min(offset + GET_WINDOW, size)
+                        for block in fh.readv([(o, min(step, end - o)) for o in range(offset, end, step)]):
+                            out.write(block)
+                        offset = end
+            tmp.replace(local)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def size(self, path: str) -> Optional[int]:
+        sftp = self._sftp_client()
+        p = self._path(path)
+        try:
+            with self._sftp_errors("stat", path):
+                st = self._stat(sftp, p)
+        except TransportError:
+            if self._t is None or not self._t.is_active():
+                raise
+            return None
+        return None if st is None else st.st_size
+
+    def read_range(self, path: str, offset: int, length: int) -> bytes:
+        sftp = self._sftp_client()
+        p = self._path(path)
+        with self._sftp_errors("read", path):
+            try:
+                with sftp.open(p, "rb") as fh:
+                    fh.seek(offset)
+                    return fh.read(length)
+            except FileNotFoundError:
+                return b""
+
+    def follow(self, path: str, *, offset: int = 0, poll_s: float = 0.5,
+               done: Optional[Callable[[], bool]] = None, chunk: int = 1 << 16) -> Iterator[bytes]:
+        """As the base class, but one remote handle stays open while following (a read per poll)."""
+        sftp = self._sftp_client()
+        p = self._path(path)
+        fh: Optional[paramiko.SFTPFile] = None
+        finished = False
+        try:
+            while True:
+                data = b""
+                with self._sftp_errors("read", path):
+                    if fh is None:
+                        try:
+                            fh = sftp.open(p, "rb")
+                        except FileNotFoundError:
+                            fh = None
+                    if fh is not None:
+                        fh.seek(offset)
+                        data = fh.read(chunk)
+                if data:
+                    offset += len(data)
+                    yield data
+                    continue
+                if finished:
+                    return
+                time.sleep(poll_s)
+                if done is not None and done():
+                    finished = True
+        finally:
+            if fh is not None:
+                try:
+                    fh.close()
+                except Exception:
+                    pass
+
+    @contextmanager
+    def lock(self, path: str, timeout: float = 60.0) -> Iterator[None]:
+        p = self._path(path)
+        parent = posixpath.dirname(p)
+        if parent:
+            self.mkdir(parent)
+        argv = ("flock", "-x", "-E", str(_LOCK_TIMEOUT_RC), "-w", f"{max(timeout, 0):g}", p,
+                "sh", "-c", "echo locked; exec cat >/dev/null")
+        self.history.append(argv)
+        chan = self._open_session()
+        try:
+            chan.exec_command(self.command_line(argv))
+            chan.settimeout(timeout + self._timeout_for(self._endpoint) + 5 if self._endpoint else timeout + 20)
+            got = b""
+            try:
+                while b"locked\n" not in got:
+                    data = chan.recv(64)
+                    if not data:
+                        break
+                    got += data
+            except socket.timeout:
+                raise TransportError(f"timed out after {timeout:g} s waiting for the lock {path} on "
+                                     f"{self.where} (no answer)") from None
+            if b"locked\n" not in got:
+                if self._t is None or not self._t.is_active():
+                    raise TransportError(f"connection to {self.where} lost while waiting for the lock {path}")
+                chan.settimeout(5)
+                rc = chan.recv_exit_status() if chan.status_event.wait(5) else -1
+                try:
+                    err = chan.recv_stderr(4096).decode(errors="replace").strip()
+                except Exception:
+                    err = ""
+                if rc == _LOCK_TIMEOUT_RC:
+                    raise TransportError(f"timed out after {timeout:g} s waiting for the lock {path} on {self.where}")
+                if rc == 127:
+                    raise TransportError(f"cannot lock {path} on {self.where}: flock (util-linux) is not installed there")
+                raise TransportError(f"cannot lock {path} on {self.where}: flock exit {rc}: {err or '(no output)'}")
+        except BaseException:
+            chan.close()
+            raise
+        try:
+            yield
+        finally:
+            try:
+                chan.shutdown_write()
+                chan.status_event.wait(5)
+            except Exception:
+                pass
+            chan.close()
+
+
+def _public_blob(path: Path) -> Optional[bytes]:
+    """The public key blob from PATH.pub, or None."""
+    try:
+        return base64.b64decode(Path(f"{path}.pub").read_text().split()[1], validate=True)
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _is_dir(st: paramiko.SFTPAttributes) -> bool:
+    import stat as _stat
+
+    return st.st_mode is not None and _stat.S_ISDIR(st.st_mode)
