@@ -1,7 +1,9 @@
 """The command line: parse arguments, call the library, print. No logic lives here.
 
-Exit codes: 0 success, 1 a failure at run time (a job, Slurm, SSH), 2 invalid input or
-usage. Heavy modules are imported inside the commands so `--help` stays fast, and no
+Exit codes: 0 success, 1 a failure at run time (a job, Slurm, a dropped connection), 2
+invalid input or usage, 3 host unreachable, 4 SSH authentication failed, 5 SSH host key
+unknown, changed or revoked (errors.py; every LingjunError carries its exit_code). Heavy
+modules are imported inside the commands so `--help` stays fast, and no
 command here ever imports torch or megatron.
 """
 
@@ -29,14 +31,18 @@ def _fail(exc: LingjunError) -> NoReturn:
     sys.exit(exc.exit_code)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+             epilog="Exit codes: 0 success, 1 a run-time failure (Slurm, a job, a dropped connection), 2 invalid "
+                    "input or usage, 3 host unreachable, 4 SSH authentication failed, 5 SSH host key unknown, "
+                    "changed or revoked.")
 @click.version_option(__version__, prog_name="lingjun-slurm")
 def cli() -> None:
     """Megatron GPT training chains on Slurm + pyxis clusters with RDMA networks.
 
     One YAML spec describes a run: data preprocessing, multi-node training and checkpoint
     handling. `validate` checks it, `render` writes the sbatch scripts, `nccl-env` prints
-    a network profile.
+    a network profile. submit, status, logs, cancel, resubmit and nccl-test also work on a
+    remote cluster over SSH: --host [USER@]HOST[:PORT] or --cluster NAME (docs/remote.md).
     """
 
 
@@ -61,7 +67,8 @@ def check_run_id(run_id: Optional[str]) -> None:
         raise UsageError(f"--run-id {run_id!r}: use letters, digits, '.', '_' and '-' only (at most 63)")
 
 
-def _reproduce(spec_file: Path, outdir: Optional[Path], run_id: Optional[str], executor: str = "slurm") -> str:
+def _reproduce(spec_file: Path, outdir: Optional[Path], run_id: Optional[str], executor: str = "slurm",
+               cluster: Optional[str] = None) -> str:
     argv = ["lingjun-slurm", "render", str(spec_file)]
     if outdir is not None:
         argv += ["-o", str(outdir)]
@@ -69,6 +76,8 @@ def _reproduce(spec_file: Path, outdir: Optional[Path], run_id: Optional[str], e
         argv += ["--run-id", run_id]
     if executor != "slurm":
         argv += ["--executor", executor]
+    if cluster:
+        argv += ["--cluster", cluster]
     return shlex.join(argv)
 
 
@@ -80,18 +89,20 @@ def _reproduce(spec_file: Path, outdir: Optional[Path], run_id: Optional[str], e
 @click.option("--run-id", help="Run id for job names (<run-id>-<stage>); default: run.name.")
 @click.option("--executor", type=click.Choice(["slurm", "local"]), default="slurm", show_default=True,
               help="local: scripts for the local executor (no container, a local launcher instead of srun).")
+@click.option("--cluster", metavar="NAME", help="Fill what the spec leaves unset (workdir, partition, account, "
+                                                "network profile) from clusters.yaml; connects to nothing.")
 def render(spec_file: Path, outdir: Optional[Path], stage_name: Optional[str], run_id: Optional[str],
-           executor: str) -> None:
+           executor: str, cluster: Optional[str]) -> None:
     """Write every stage's sbatch script, plan.json and submit.sh for people who run sbatch."""
+    from .clusters import cluster_defaults, get_cluster, load_spec_with_defaults
     from .plan import build_plan
     from .render import render_plan, render_stage, write_files
-    from .spec import load_spec
     check_run_id(run_id)
     if outdir is None and stage_name is None:
         raise UsageError("give -o DIR to write the scripts, or --stage NAME to print one")
-    loaded = load_spec(spec_file)
+    loaded, _applied = load_spec_with_defaults(spec_file, cluster_defaults(get_cluster(cluster) if cluster else None))
     plan = build_plan(loaded.spec, run_id=run_id, spec_sha256=loaded.sha256, source=loaded.source,
-                      reproduce=_reproduce(spec_file, outdir, run_id, executor), executor=executor)
+                      reproduce=_reproduce(spec_file, outdir, run_id, executor, cluster), executor=executor)
     if stage_name is not None:
         try:
             stage = plan.stage(stage_name)

@@ -2,7 +2,12 @@
 message size (table, PNG chart, pass/fail where a figure is published), or bisect node pairs to
 find a slow node. Registered in cli.py. The work lives in lingjun_slurm/nccltests/; docs/nccl-tests.md.
 
-Exit codes: 0 pass (or measurements without a verdict), 1 a verdict failed or a job failed, 2 bad input.
+Exit codes: 0 pass (or measurements without a verdict), 1 a verdict failed or a job failed, 2 bad input,
+3/4/5 the SSH failures of --host/--cluster (unreachable, authentication, host key).
+
+With --host/--cluster the job is rendered here, its directory (--outdir, or <clusters.yaml workdir>/nccl-tests/...)
+is on the cluster, sbatch/squeue run there over one SSH connection, and the outputs are read back; the chart is
+drawn here and uploaded beside them (a --chart PATH is a path on this machine).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import click
 
+from .cli_remote import EXIT_CODES, Connections, destination, remote_options
 from .errors import EXIT_FAILURE, UsageError
 
 if TYPE_CHECKING:
@@ -122,6 +128,31 @@ def _emit(report: "Report", as_json: bool) -> None:
         click.echo(format_plain(report), nl=False)
 
 
+def _chart_target(t: Any, chart_path: Optional[str], default: str) -> tuple[str, Optional[str]]:
+    """(where to draw the PNG on this machine, where to upload it on the host or None)."""
+    if chart_path:
+        return chart_path, None
+    if t.kind == "local":
+        return default, None
+    import tempfile
+
+    return os.path.join(tempfile.mkdtemp(prefix="lingjun-chart-"), "busbw.png"), default
+
+
+def _publish_chart(t: Any, report: Any, drawn: str, upload: Optional[str]) -> None:
+    """Copy a chart drawn here to the host; report.chart then names HOST:PATH."""
+    if upload is None:
+        return
+    import shutil
+
+    try:
+        if report.chart:
+            t.put(Path(drawn), upload, 0o644)
+            report.chart = f"{t.host}:{upload}"
+    finally:
+        shutil.rmtree(os.path.dirname(drawn), ignore_errors=True)
+
+
 def _chart(report: "Report", path: str) -> None:
     from .nccltests.chart import Threshold, series_of, write_chart
 
@@ -147,7 +178,7 @@ def _write_chart(write: Callable[..., str], path: str, *args: Any, **kwargs: Any
         return None
 
 
-@click.command("nccl-test")
+@click.command("nccl-test", epilog=EXIT_CODES)
 @click.argument("report_paths", nargs=-1, metavar="[FILE|DIR]...")
 @click.option("--profile", help="Network profile (its NCCL block, and its published busbw figure if any).")
 @click.option("--instance-type", help="Instance type / VM size that selects the profile.")
@@ -191,6 +222,7 @@ def _write_chart(write: Callable[..., str], path: str, *args: Any, **kwargs: Any
 @click.option("--bisect", is_flag=True, help="Find slow nodes of --nodelist with 2-node all_reduce pairs.")
 @click.option("--poll-interval", type=click.FloatRange(0.1, 600), default=5.0, show_default=True,
               help="Seconds between queue polls (one squeue covers every job).")
+@remote_options
 def nccl_test(report_paths: tuple[str, ...], **params: Any) -> None:
     """Run nccl-tests (all_reduce_perf, all_gather_perf) across nodes; report busbw and a verdict.
 
@@ -198,16 +230,26 @@ def nccl_test(report_paths: tuple[str, ...], **params: Any) -> None:
     it, waits, then prints busbw by message size, writes a PNG chart and gives PASS/FAIL against
     the profile's published figure (Azure ND: Azure's own health-check threshold) or --expect;
     other profiles are measured without a verdict. Exit 0 pass or no verdict, 1 fail, 2 bad input.
+    With --host/--cluster everything runs on that cluster over one SSH connection; --partition,
+    --account and --profile default to the cluster's entry in clusters.yaml.
     """
-    if params["report_mode"]:
-        _report_mode(list(report_paths), params)
-        return
-    if report_paths:
-        raise UsageError(f"unexpected argument(s) {' '.join(report_paths)}: files are read only with --report")
-    _run_mode(params)
+    dest = destination(params.pop("host"), params.pop("cluster"), params.pop("accept_new_host_key"))
+    cfg = dest.config
+    if cfg is not None:  # the command line wins over clusters.yaml
+        params["partition"] = params["partition"] or cfg.partition
+        params["account"] = params["account"] or cfg.account
+        if not params["profile"] and not params["instance_type"]:
+            params["profile"] = cfg.network_profile
+    with Connections(dest) as conns:
+        if params["report_mode"]:
+            _report_mode(list(report_paths), params, conns)
+            return
+        if report_paths:
+            raise UsageError(f"unexpected argument(s) {' '.join(report_paths)}: files are read only with --report")
+        _run_mode(params, conns)
 
 
-def _report_mode(paths: list[str], p: dict[str, Any]) -> None:
+def _report_mode(paths: list[str], p: dict[str, Any], conns: Connections) -> None:
     from .nccltests.report import build
     from .nccltests.results import load_paths
     from .nccltests.verdict import Shape
@@ -215,23 +257,35 @@ def _report_mode(paths: list[str], p: dict[str, Any]) -> None:
 
     if not paths:
         raise UsageError("--report needs the output file(s) or run directory(ies) to read")
-    missing = [x for x in paths if not os.path.exists(x)]
+    remote = conns.dest.remote
+    if remote and any(not x.startswith("/") for x in paths):
+        raise UsageError("--report with --host/--cluster: give absolute paths on the cluster")
+    t = conns.remote() if remote else LocalTransport()
+    missing = [x for x in paths if not (t.exists(x) if remote else os.path.exists(x))]
     if missing:
-        raise UsageError(f"--report: no such file or directory: {', '.join(missing)}")
+        raise UsageError(f"--report: no such file or directory{' on ' + t.host if remote else ''}: "
+                         f"{', '.join(missing)}")
     prof, _ = _network(p["profile"], p["instance_type"], (), (), required=False)
     refs = _references(prof, p["expects"])
     if not p["no_chart"]:
         from .nccltests.chart import require_matplotlib
         require_matplotlib()
-    outputs = load_paths(LocalTransport(), [os.path.abspath(x) for x in paths])
+    outputs = load_paths(t, paths if remote else [os.path.abspath(x) for x in paths])
     expected = Shape(p["nodes"], max(1, p["gpus_per_node"])) if p["nodes"] else None
     title = f"nccl-tests report: {paths[0]}" + (f" and {len(paths) - 1} more" if len(paths) > 1 else "")
     report = build(outputs, title=title, expected=expected, references=refs,
                    profile=prof.name if prof else None)
     if not p["no_chart"]:
-        first = os.path.abspath(paths[0])
-        default = os.path.join(first if os.path.isdir(first) else os.path.dirname(first), "busbw.png")
-        _chart(report, p["chart_path"] or default)
+        if remote:
+            first = paths[0].rstrip("/")
+            directory = first if t.listdir(first) else first.rsplit("/", 1)[0] or "/"
+            default = f"{directory}/busbw.png"
+        else:
+            first = os.path.abspath(paths[0])
+            default = os.path.join(first if os.path.isdir(first) else os.path.dirname(first), "busbw.png")
+        drawn, upload = _chart_target(t, p["chart_path"], default)
+        _chart(report, drawn)
+        _publish_chart(t, report, drawn, upload)
     _emit(report, p["as_json"])
     if not report.ok:
         sys.exit(EXIT_FAILURE)
@@ -259,7 +313,26 @@ def _job(p: dict[str, Any], prof: Any, net: Any, out_dir: str, nodes: Optional[i
         warmup_iters=p["warmup_iters"], reproduce=_reproduce(params, out_dir))
 
 
-def _run_mode(p: dict[str, Any]) -> None:
+def _out_dir(p: dict[str, Any], conns: Connections) -> str:
+    """The job's directory: --render-only/--outdir, else ./nccl-test-<stamp> (remote: under the cluster's workdir)."""
+    # The default is unique: two runs started in the same second must not share their outputs.
+    stamp = f"nccl-test-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+    given = p["render_dir"] or p["outdir"]
+    dest = conns.dest
+    if not dest.remote:
+        return str(Path(given or stamp).expanduser().absolute())
+    if given:
+        if not given.startswith("/"):
+            raise UsageError(f"--outdir {given!r}: with --host/--cluster give an absolute directory on the cluster's "
+                             "shared storage")
+        return given.rstrip("/") or "/"
+    if dest.config is not None and dest.config.workdir:
+        return f"{dest.config.workdir.rstrip('/')}/nccl-tests/{stamp}"
+    raise UsageError("with --host, give --outdir DIR: an absolute directory on storage the cluster's nodes share "
+                     "(or use --cluster with a workdir in clusters.yaml)")
+
+
+def _run_mode(p: dict[str, Any], conns: Connections) -> None:
     from .nccltests.plan import check
     from .transport import LocalTransport
 
@@ -272,10 +345,8 @@ def _run_mode(p: dict[str, Any]) -> None:
         raise UsageError("--bisect needs --nodelist (the nodes to test, at least 3)")
     if p["bisect"] and p["no_wait"]:
         raise UsageError("--bisect takes no --no-wait: each round is chosen from the results of the one before")
-    # The default is unique: two runs started in the same second must not share their outputs.
-    where = p["render_dir"] or p["outdir"] or f"nccl-test-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
-    out_dir = str(Path(where).expanduser().absolute())
-    t = LocalTransport()
+    out_dir = _out_dir(p, conns)
+    t = conns.remote() if conns.dest.remote else LocalTransport()
     nodes = p["nodes"] if p["nodes"] is not None else (None if p["nodelist"] else 2)
     names: list[str] = []
     if p["nodelist"] and (not p["render_dir"] or t.which("scontrol")):
@@ -361,7 +432,9 @@ def _submit_and_report(t: Any, job: "NcclJob", prof: Any, refs: list[Any], p: di
                    profile=prof.name, jobs=ends)
     report.log = f"{job.out_dir}/{job.job_name}-{ends[0].job_id}.out"
     if not p["no_chart"]:
-        _chart(report, p["chart_path"] or f"{job.out_dir}/busbw.png")
+        drawn, upload = _chart_target(t, p["chart_path"], f"{job.out_dir}/busbw.png")
+        _chart(report, drawn)
+        _publish_chart(t, report, drawn, upload)
     t.write_atomic(f"{job.out_dir}/report.json", json.dumps(to_json(report), indent=2) + "\n")
     _emit(report, p["as_json"])
     if not report.ok:
@@ -391,8 +464,10 @@ def _bisect(t: Any, job: "NcclJob", names: list[str], refs: list[Any], p: dict[s
                 series.append(s)
         if series:
             th = (Threshold(o.rule, o.threshold),) if o.threshold is not None else ()
-            report.chart = _write_chart(write_chart, p["chart_path"] or f"{job.out_dir}/busbw.png", series,
+            drawn, upload = _chart_target(t, p["chart_path"], f"{job.out_dir}/busbw.png")
+            report.chart = _write_chart(write_chart, drawn, series,
                                         title=f"all_reduce bisection of {p['nodelist']}", thresholds=th)
+            _publish_chart(t, report, drawn, upload)
     doc = bisect_json(report)
     t.write_atomic(f"{job.out_dir}/report.json", json.dumps(doc, indent=2) + "\n")
     if p["as_json"]:

@@ -2,6 +2,7 @@
 
 Arguments in, library calls, output out; the work lives in submit.py, status.py,
 runs/ and executors/. RUN is a run id, a unique prefix of one, or a run directory.
+Every command holds at most one connection per host (cli_remote.Connections).
 """
 
 from __future__ import annotations
@@ -10,73 +11,101 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import click
 
+from .cli_remote import EXIT_CODES, Connections, destination, open_run, remote_options
 from .errors import LingjunError, UsageError
+
+if TYPE_CHECKING:
+    from .runs.index import IndexEntry
+    from .runs.manifest import Manifest, StageRecord
+    from .status import RunStatus
+    from .transport.base import Transport
 
 EXECUTORS = ("auto", "slurm", "local")
 ACTIVE_HINT = "lingjun-slurm status {run}    lingjun-slurm logs {run} [STAGE] --follow    lingjun-slurm cancel {run}"
 
 
-def _open(ref: str):  # type: ignore[no-untyped-def]
-    """RUN -> (index entry, transport, manifest)."""
-    from .runs.index import RunIndex
-    from .runs.manifest import load_manifest
-    from .transport import open_transport
-
-    entry = RunIndex().resolve(ref)
-    t = open_transport(entry.transport, entry.host)
-    return entry, t, load_manifest(t, entry.run_dir)
-
-
-def _pick_executor(choice: str) -> str:
+def _pick_executor(choice: str, remote: bool) -> str:
     from .transport import LocalTransport
 
+    if remote:
+        if choice == "local":
+            raise UsageError("--executor local runs the chain on this machine; with --host/--cluster use "
+                             "--executor slurm (or auto)")
+        return "slurm"
     if choice != "auto":
         return choice
     return "slurm" if LocalTransport().which("sbatch") else "local"
 
 
-@click.command()
+@click.command(epilog=EXIT_CODES)
 @click.argument("spec_file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--executor", type=click.Choice(EXECUTORS), default="auto", show_default=True,
-              help="slurm: sbatch; local: run the chain on this machine; auto: slurm when sbatch is found.")
+              help="slurm: sbatch; local: run the chain on this machine; auto: slurm when sbatch is found "
+                   "(always slurm with --host/--cluster).")
 @click.option("--run-id", help="Run id (default: <run.name>-<date>-<time>-<random>).")
 @click.option("--dry-run", is_flag=True, help="Print what would be submitted; write and submit nothing.")
 @click.option("--detach", is_flag=True, help="Local executor: run in the background (status/logs/cancel follow it).")
-def submit(spec_file: Path, executor: str, run_id: Optional[str], dry_run: bool, detach: bool) -> None:
-    """Validate, render and submit the whole chain (all-or-nothing); print the run id."""
-    from .runs.index import RunIndex
-    from .spec import load_spec
+@remote_options
+def submit(spec_file: Path, executor: str, run_id: Optional[str], dry_run: bool, detach: bool, host: Optional[str],
+           cluster: Optional[str], accept_new_host_key: bool) -> None:
+    """Validate, render and submit the whole chain (all-or-nothing); print the run id.
+
+    With --host or --cluster the scripts are rendered here, the run directory is written on
+    the cluster over SFTP and sbatch runs there; the run record is kept on the cluster and
+    copied to this machine (docs/remote.md).
+    """
     from .cli import check_run_id
+    from .clusters import cluster_defaults, load_spec_with_defaults
+    from .runs.index import RunIndex
+    from .runs.manifest import DefaultsRecord
     from .submit import dry_run_lines, new_run_id, prepare, prepare_local, submit_slurm
     from .transport import LocalTransport
     check_run_id(run_id)
-    loaded = load_spec(spec_file)
-    chosen = _pick_executor(executor)
+    dest = destination(host, cluster, accept_new_host_key)
+    loaded, applied = load_spec_with_defaults(spec_file, cluster_defaults(dest.config))
+    chosen = _pick_executor(executor, dest.remote)
     if detach and chosen != "local":
         raise UsageError("--detach is for the local executor (Slurm jobs already run in the background)")
-    prep = prepare(loaded, run_id=run_id or new_run_id(loaded.spec.run.name), executor=chosen)
+    prep = prepare(loaded, run_id=run_id or new_run_id(loaded.spec.run.name), executor=chosen,
+                   defaults=DefaultsRecord(cluster=dest.cluster, applied=applied))
     if dry_run:
         click.echo("\n".join(dry_run_lines(prep)))
+        if dest.remote:
+            click.echo(f"  on {dest.target} over SSH" + (f" (cluster {dest.cluster})" if dest.cluster else ""))
+        for path, value in applied.items():
+            click.echo(f"  {path} = {value}   (from clusters.yaml, cluster {dest.cluster})")
         return
-    t = LocalTransport()
     index = RunIndex()
-    if t.exists(f"{prep.run_dir}/manifest.json"):
-        raise UsageError(f"run {prep.plan.run_id} already exists in {prep.run_dir}; use `lingjun-slurm resubmit`")
-    if chosen == "slurm":
-        manifest = submit_slurm(t, prep, index, echo=click.echo)
-        click.echo(f"submitted run {manifest.run_id} to Slurm cluster {manifest.cluster.name or '?'} "
-                   f"({len(manifest.stages)} stages, run directory {manifest.run_dir}):")
-        for rec in manifest.stages:
-            deps = ", ".join(f"{d.type}:{d.stage}" for d in rec.depends_on) or "-"
-            click.echo(f"  {rec.name:<16} job {','.join(rec.job_ids):<10} after {deps}")
-        click.echo(ACTIVE_HINT.format(run=manifest.run_id))
-        return
+    with Connections(dest) as conns:
+        t = conns.remote() if dest.remote else LocalTransport()
+        if dest.remote and not t.which("sbatch"):
+            raise SbatchMissing(f"sbatch is not on the PATH of a non-interactive SSH session on {t.host}; "
+                                "put Slurm's bin directory on PATH in the shell's startup file read by "
+                                "non-interactive sessions (e.g. ~/.bashrc), or submit from a host that has it")
+        if t.exists(f"{prep.run_dir}/manifest.json"):
+            raise UsageError(f"run {prep.plan.run_id} already exists in {prep.run_dir}; use `lingjun-slurm resubmit`")
+        if chosen == "slurm":
+            manifest = submit_slurm(t, prep, index, echo=click.echo)
+            where = f" on {t.host}" if dest.remote else ""
+            click.echo(f"submitted run {manifest.run_id} to Slurm cluster {manifest.cluster.name or '?'}{where} "
+                       f"({len(manifest.stages)} stages, run directory {manifest.run_dir}):")
+            for rec in manifest.stages:
+                deps = ", ".join(f"{d.type}:{d.stage}" for d in rec.depends_on) or "-"
+                click.echo(f"  {rec.name:<16} job {','.join(rec.job_ids):<10} after {deps}")
+            for path, value in applied.items():
+                click.echo(f"  {path} = {value}   (from clusters.yaml, cluster {dest.cluster})")
+            click.echo(ACTIVE_HINT.format(run=manifest.run_id))
+            return
     manifest = prepare_local(t, prep, index)
     _run_local(manifest.run_dir, manifest.run_id, detach)
+
+
+class SbatchMissing(LingjunError):
+    pass
 
 
 def _run_local(run_dir: str, run_id: str, detach: bool, keep: frozenset[str] = frozenset()) -> None:
@@ -101,105 +130,194 @@ class LocalRunFailed(LingjunError):
     pass
 
 
-def _collect(refs: list[str]):  # type: ignore[no-untyped-def]
-    """Status of the named runs (default: the 10 newest), one batch of Slurm calls per transport."""
-    from .errors import TransportError
+class Collected:
+    """One status refresh: the runs, which reader served each host, and hosts that did not answer."""
+
+    def __init__(self) -> None:
+        self.runs: list["RunStatus"] = []
+        self.backends: list[str] = []
+        self.unreachable: list[LingjunError] = []
+
+
+def _collect(refs: list[str], conns: Connections) -> Collected:
+    """Status of the named runs (default: the 10 newest), one batch of Slurm calls per host.
+
+    A host that cannot be reached (exit 3) shows its runs from the local copy, marked stale.
+    """
+    from .errors import HostUnreachable, SSHError, TransportError
+    from .runs import mirror
     from .runs.index import RunIndex
     from .runs.manifest import load_manifest
     from .status import StatusCollector
-    from .transport import open_transport
+    from .cli_remote import resolve
 
+    dest = conns.dest
     index = RunIndex()
-    entries = [index.resolve(r) for r in refs] if refs else index.recent(10)
-    groups: dict[tuple[str, str], list] = {}
+    if refs:
+        entries = [resolve(r, conns) for r in refs]
+    elif dest.remote:
+        entries = index.on(dest.target, dest.cluster)[-10:]
+    else:
+        entries = index.recent(10)
+    groups: dict[tuple[str, str], list["IndexEntry"]] = {}
     for e in entries:
         # Every local-transport run shares this machine's Slurm client: one batch for all of them.
-        groups.setdefault((e.transport, "" if e.transport == "local" else e.host), []).append(e)
-    runs = []
+        groups.setdefault(conns.route(e), []).append(e)
+    out = Collected()
     order = {e.run_id: i for i, e in enumerate(entries)}
     for (kind, host), group in groups.items():
-        t = open_transport(kind, host)
-        manifests = []
-        for e in group:
-            try:
-                manifests.append(load_manifest(t, e.run_dir))
-            except TransportError as exc:
-                if refs:
-                    raise
-                click.echo(f"warning: skipping run {e.run_id}: {exc} (`lingjun-slurm forget {e.run_id}` drops it)",
-                           err=True)
-        runs += StatusCollector(t).collect(manifests)
-    return sorted(runs, key=lambda r: order.get(r.run_id, 0))
+        try:
+            t = conns.get(kind, host)
+            manifests = []
+            for e in group:
+                try:
+                    manifests.append(load_manifest(t, e.run_dir))
+                except SSHError:
+                    raise  # the connection, not this run: unreachable is handled below, 4 and 5 end the command
+                except TransportError as exc:
+                    if refs:
+                        raise
+                    click.echo(f"warning: skipping run {e.run_id}: {exc} (`lingjun-slurm forget {e.run_id}` "
+                               "drops it)", err=True)
+            collector = StatusCollector(t)
+            runs = collector.collect(manifests)
+        except HostUnreachable as exc:
+            out.unreachable.append(exc)
+            out.runs += _stale(group, host)
+            continue
+        if any(m.executor == "slurm" for m in manifests):
+            out.backends.append(f"{host or 'this machine'}: queue read with {collector.backend}")
+        if kind != "local":
+            for run in runs:
+                mirror.save_status(run.run_id, run.to_json())
+        out.runs += runs
+    out.runs.sort(key=lambda r: order.get(r.run_id, 0))
+    return out
 
 
-def _print_status(refs: list[str], as_json: bool) -> list:  # type: ignore[type-arg]
-    from .status import document, format_table
+def _stale(entries: list["IndexEntry"], host: str) -> list["RunStatus"]:
+    """The last status seen here for runs on an unreachable host (or UNKNOWN stages from the copy)."""
+    from .runs import mirror
+    from .status import RunStatus, StageStatus
 
-    runs = _collect(refs)
-    if as_json:
-        click.echo(json.dumps(document(runs), indent=2))
-    else:
-        click.echo(format_table(runs), nl=False)
+    runs = []
+    for e in entries:
+        seen = mirror.load_status(e.run_id)
+        if seen is not None:
+            as_of, doc = seen
+            run = RunStatus.from_json(doc, e.run_dir)
+            run.stale_as_of = as_of
+        else:
+            m = mirror.load_manifest(e.run_id)
+            if m is None:
+                click.echo(f"warning: run {e.run_id}: {host} is unreachable and there is no local copy", err=True)
+                continue
+            run = RunStatus(m.run_id, m.name, m.executor, host, [
+                StageStatus(s.name, list(s.job_ids), "UNKNOWN", "host unreachable; no status seen here yet",
+                            None, None, None, 0) for s in m.stages], m.run_dir)
+            run.stale_as_of = 0.0
+        run.host = host
+        runs.append(run)
     return runs
 
 
-@click.command()
+def _print_status(refs: list[str], as_json: bool, conns: Optional[Connections] = None,
+                  verbose: bool = False) -> list["RunStatus"]:
+    from .clusters import Destination
+    from .status import document, format_table
+
+    own = conns is None
+    conns = conns or Connections(Destination())
+    try:
+        got = _collect(refs, conns)
+    finally:
+        if own:
+            conns.close()
+    if as_json:
+        click.echo(json.dumps(document(got.runs), indent=2))
+    else:
+        click.echo(format_table(got.runs), nl=False)
+    if verbose:
+        for line in got.backends:
+            click.echo(line, err=True)
+    if got.unreachable:
+        raise got.unreachable[0]  # exit 3, after what the local copy knows was shown
+    return got.runs
+
+
+@click.command(epilog=EXIT_CODES)
 @click.argument("runs", nargs=-1)
 @click.option("--json", "as_json", is_flag=True, help="Print the versioned JSON document (schema 1).")
 @click.option("--watch", is_flag=True, help="Refresh until every stage has ended (Ctrl-C stops watching).")
 @click.option("--interval", type=click.FloatRange(min=1.0), default=5.0, show_default=True,
               help="Seconds between refreshes with --watch.")
-def status(runs: tuple[str, ...], as_json: bool, watch: bool, interval: float) -> None:
-    """Each stage's state, job id, elapsed time, nodes, exit code and reason (default: recent runs)."""
+@click.option("--verbose", "-v", is_flag=True, help="Also say (on stderr) how the queue was read: squeue/sacct or "
+                                                   "pyslurm, and why.")
+@remote_options
+def status(runs: tuple[str, ...], as_json: bool, watch: bool, interval: float, verbose: bool, host: Optional[str],
+           cluster: Optional[str], accept_new_host_key: bool) -> None:
+    """Each stage's state, job id, elapsed time, nodes, exit code and reason (default: recent runs).
+
+    Remote runs are read over SSH, one connection per host. When a host cannot be reached, its
+    runs are shown from the local copy, marked STALE, and the command exits 3.
+    """
     from .status import ACTIVE
 
-    while True:
-        if watch and sys.stdout.isatty() and not as_json:
-            click.echo("\x1b[H\x1b[2J", nl=False)
-        shown = _print_status(list(runs), as_json)
-        if not watch or not any(s.state in ACTIVE for r in shown for s in r.stages):
-            return
-        time.sleep(interval)
+    with Connections(destination(host, cluster, accept_new_host_key)) as conns:
+        while True:
+            if watch and sys.stdout.isatty() and not as_json:
+                click.echo("\x1b[H\x1b[2J", nl=False)
+            shown = _print_status(list(runs), as_json, conns, verbose)
+            if not watch or not any(s.state in ACTIVE for r in shown for s in r.stages):
+                return
+            time.sleep(interval)
 
 
-@click.command()
+@click.command(epilog=EXIT_CODES)
 @click.argument("run")
 @click.argument("stage", required=False)
 @click.option("--follow", "-f", is_flag=True, help="Keep printing as the log grows, until the job ends.")
 @click.option("--task", type=int, help="Array task index (the preprocess shards).")
-def logs(run: str, stage: Optional[str], follow: bool, task: Optional[int]) -> None:
-    """Print a stage's Slurm log (default: the running, failed or last started stage)."""
+@remote_options
+def logs(run: str, stage: Optional[str], follow: bool, task: Optional[int], host: Optional[str],
+         cluster: Optional[str], accept_new_host_key: bool) -> None:
+    """Print a stage's Slurm log (default: the running, failed or last started stage).
+
+    For a remote run the log is read over SFTP; --follow polls the remote file (and the
+    queue, once a second) over the same connection.
+    """
     from .runs.logs import stage_logs
 
-    _entry, t, m = _open(run)
-    rec = m.stage(stage) if stage and stage in m.stage_names() else None
-    if stage and rec is None:
-        raise UsageError(f"run {m.run_id} has no stage {stage!r}; stages: {', '.join(m.stage_names())}")
-    if rec is None:
-        rec = _interesting_stage(t, m)
-    files = stage_logs(t, m, rec, task)
-    if follow:
-        if len(files) != 1:
-            raise UsageError(f"stage {rec.name} is an array of {len(files)} tasks: pick one with --task N")
-        _follow(t, m, rec.name, files[0].path)
-        return
-    shown = 0
-    for f in files:
-        try:
-            data = t.read_bytes(f.path)
-        except FileNotFoundError:
-            continue
-        if len(files) > 1:
-            click.echo(f"==> {f.path} <==")
-        sys.stdout.buffer.write(data)
-        sys.stdout.flush()
-        shown += 1
-    if not shown:
-        click.echo(f"no log yet for stage {rec.name} of run {m.run_id} (expected {files[0].path if files else '?'})",
-                   err=True)
+    with Connections(destination(host, cluster, accept_new_host_key)) as conns:
+        _entry, t, m = open_run(run, conns)
+        rec = m.stage(stage) if stage and stage in m.stage_names() else None
+        if stage and rec is None:
+            raise UsageError(f"run {m.run_id} has no stage {stage!r}; stages: {', '.join(m.stage_names())}")
+        if rec is None:
+            rec = _interesting_stage(t, m)
+        files = stage_logs(t, m, rec, task)
+        if follow:
+            if len(files) != 1:
+                raise UsageError(f"stage {rec.name} is an array of {len(files)} tasks: pick one with --task N")
+            _follow(t, m, rec.name, files[0].path)
+            return
+        shown = 0
+        for f in files:
+            try:
+                data = t.read_bytes(f.path)
+            except FileNotFoundError:
+                continue
+            if len(files) > 1:
+                click.echo(f"==> {f.path} <==")
+            sys.stdout.buffer.write(data)
+            sys.stdout.flush()
+            shown += 1
+        if not shown:
+            click.echo(f"no log yet for stage {rec.name} of run {m.run_id} "
+                       f"(expected {files[0].path if files else '?'})", err=True)
 
 
-def _interesting_stage(t, m):  # type: ignore[no-untyped-def]
+def _interesting_stage(t: "Transport", m: "Manifest") -> "StageRecord":
     from .status import FAILED, StatusCollector
 
     run = StatusCollector(t).collect([m])[0]
@@ -211,7 +329,7 @@ def _interesting_stage(t, m):  # type: ignore[no-untyped-def]
     return m.stage(started[-1].name if started else run.stages[0].name)
 
 
-def _follow(t, m, stage: str, path: str) -> None:  # type: ignore[no-untyped-def]
+def _follow(t: "Transport", m: "Manifest", stage: str, path: str) -> None:
     from .status import ACTIVE, StatusCollector
 
     collector = StatusCollector(t)
@@ -228,56 +346,71 @@ def _follow(t, m, stage: str, path: str) -> None:  # type: ignore[no-untyped-def
         pass
 
 
-@click.command()
+@click.command(epilog=EXIT_CODES)
 @click.argument("run")
 @click.argument("stage", required=False)
-def cancel(run: str, stage: Optional[str]) -> None:
+@remote_options
+def cancel(run: str, stage: Optional[str], host: Optional[str], cluster: Optional[str],
+           accept_new_host_key: bool) -> None:
     """Cancel a run's jobs (from STAGE on, if given) in one scancel; local runs by their process ids."""
     from .executors.local import cancel_local
     from .runs.manifest import locked_manifest
     from .slurm.client import SlurmCLI
     from .submit import stages_from
 
-    _entry, t, m = _open(run)
-    names = stages_from(m, stage) if stage else m.stage_names()
-    if m.executor == "local":
-        if stage:
-            raise UsageError("a local run is cancelled whole: `lingjun-slurm cancel RUN` without a stage")
-        stopped = cancel_local(m.run_dir)
-        click.echo(f"cancelled local run {m.run_id}: " + (", ".join(stopped) if stopped else "nothing was running"))
-    else:
-        # Only jobs that squeue shows under this run's job names: a reused job id is never hit.
-        from .status import ACTIVE, StatusCollector
+    with Connections(destination(host, cluster, accept_new_host_key)) as conns:
+        _entry, t, m = open_run(run, conns)
+        names = stages_from(m, stage) if stage else m.stage_names()
+        if m.executor == "local":
+            if t.kind != "local":
+                raise UsageError(f"run {m.run_id} ran with the local executor on {m.transport.host}: "
+                                 "cancel it there")
+            if stage:
+                raise UsageError("a local run is cancelled whole: `lingjun-slurm cancel RUN` without a stage")
+            stopped = cancel_local(m.run_dir)
+            click.echo(f"cancelled local run {m.run_id}: " + (", ".join(stopped) if stopped else "nothing was running"))
+        else:
+            # Only jobs that squeue shows under this run's job names: a reused job id is never hit.
+            from .status import ACTIVE, StatusCollector
 
-        live = {s.name: s for s in StatusCollector(t).collect([m])[0].stages}
-        ids = [j for n in names if live[n].state in ACTIVE for j in m.stage(n).job_ids]
-        SlurmCLI(t).cancel(ids)
-        ended = [n for n in names if live[n].state not in ACTIVE]
-        click.echo(f"cancelled run {m.run_id}: jobs {', '.join(ids) or '-'}"
-                   + (f"; already ended: {', '.join(ended)}" if ended else ""))
-    with locked_manifest(t, m.run_dir) as rec:
-        rec.event("cancel", stages=names)
+            live = {s.name: s for s in StatusCollector(t).collect([m])[0].stages}
+            ids = [j for n in names if live[n].state in ACTIVE for j in m.stage(n).job_ids]
+            SlurmCLI(t).cancel(ids)
+            ended = [n for n in names if live[n].state not in ACTIVE]
+            click.echo(f"cancelled run {m.run_id}: jobs {', '.join(ids) or '-'}"
+                       + (f"; already ended: {', '.join(ended)}" if ended else ""))
+        with locked_manifest(t, m.run_dir) as rec:
+            rec.event("cancel", stages=names)
 
 
-@click.command()
+@click.command(epilog=EXIT_CODES)
 @click.argument("run")
 @click.option("--from", "from_stage", required=True, help="First stage to resubmit; later stages follow.")
-def resubmit(run: str, from_stage: str) -> None:
-    """Re-render and resubmit STAGE and every stage after it, under the same run id."""
+@remote_options
+def resubmit(run: str, from_stage: str, host: Optional[str], cluster: Optional[str],
+             accept_new_host_key: bool) -> None:
+    """Re-render and resubmit STAGE and every stage after it, under the same run id.
+
+    The spec is the run's own spec.yaml (with the clusters.yaml defaults recorded at submit);
+    a remote run is re-rendered here and uploaded like a submit.
+    """
     from .executors.local import cancel_local
     from .status import StatusCollector
     from .submit import resubmit_local, resubmit_slurm, stages_from
 
-    _entry, t, m = _open(run)
-    names = stages_from(m, from_stage)
-    current = {s.name: s.state for s in StatusCollector(t).collect([m])[0].stages}
-    if m.executor == "local":
-        cancel_local(m.run_dir)
-        resubmit_local(t, m.run_dir, from_stage, current.get)
-        keep = frozenset(n for n in m.stage_names() if n not in names)
-        _run_local(m.run_dir, m.run_id, detach=False, keep=keep)
-        return
-    new = resubmit_slurm(t, m.run_dir, from_stage, current.get, echo=click.echo)
+    with Connections(destination(host, cluster, accept_new_host_key)) as conns:
+        _entry, t, m = open_run(run, conns)
+        names = stages_from(m, from_stage)
+        if m.executor == "local" and t.kind != "local":
+            raise UsageError(f"run {m.run_id} ran with the local executor on {m.transport.host}: resubmit it there")
+        current = {s.name: s.state for s in StatusCollector(t).collect([m])[0].stages}
+        if m.executor == "local":
+            cancel_local(m.run_dir)
+            resubmit_local(t, m.run_dir, from_stage, current.get)
+            keep = frozenset(n for n in m.stage_names() if n not in names)
+            _run_local(m.run_dir, m.run_id, detach=False, keep=keep)
+            return
+        new = resubmit_slurm(t, m.run_dir, from_stage, current.get, echo=click.echo)
     click.echo(f"resubmitted run {new.run_id} from stage {from_stage}:")
     for n in names:
         rec = new.stage(n)
@@ -288,19 +421,35 @@ def resubmit(run: str, from_stage: str) -> None:
 @click.command("list")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("-n", "--limit", type=int, default=20, show_default=True, help="Newest N runs (0: all).")
-def list_runs(as_json: bool, limit: int) -> None:
-    """Runs in the index (~/.local/state/lingjun-slurm/runs.json), newest last."""
+@click.option("--host", metavar="[USER@]HOST[:PORT]", help="Only runs submitted to this host (as written then).")
+@click.option("--cluster", metavar="NAME", help="Only runs submitted with --cluster NAME, or to its host.")
+def list_runs(as_json: bool, limit: int, host: Optional[str], cluster: Optional[str]) -> None:
+    """Runs in the index (~/.local/state/lingjun-slurm/runs.json), newest last. Offline: no connection."""
     from dataclasses import asdict
 
     from .runs.index import RunIndex
 
-    entries = RunIndex().entries()
+    index = RunIndex()
+    if host or cluster:
+        target = host or ""
+        if host:
+            from .clusters import check_target
+            check_target(host)
+        elif cluster:
+            from .clusters import get_cluster
+            try:
+                target = get_cluster(cluster).target()
+            except UsageError:
+                pass  # no such entry (any more): the runs recorded under that cluster name still show
+        entries = index.on(target, cluster or "")
+    else:
+        entries = index.entries()
     entries = entries[-limit:] if limit > 0 else entries
     if as_json:
         click.echo(json.dumps({"schema": 1, "runs": [asdict(e) for e in entries]}, indent=2))
         return
     if not entries:
-        click.echo("no runs yet (lingjun-slurm submit SPEC)")
+        click.echo("no runs yet (lingjun-slurm submit SPEC)" if not (host or cluster) else "no runs on that host")
         return
     click.echo(f"{'RUN ID':<44} {'CREATED':<19} {'EXECUTOR':<8} {'HOST':<16} RUN DIR")
     for e in entries:
@@ -311,12 +460,15 @@ def list_runs(as_json: bool, limit: int) -> None:
 @click.command()
 @click.argument("runs", nargs=-1, required=True)
 def forget(runs: tuple[str, ...]) -> None:
-    """Drop runs from the index (their run directories and jobs are left alone)."""
+    """Drop runs from the index and their local copies (run directories and jobs are left alone)."""
+    from .runs import mirror
     from .runs.index import RunIndex
 
     index = RunIndex()
     ids = [index.resolve(r).run_id for r in runs]
     index.remove(ids)
+    for run_id in ids:
+        mirror.remove(run_id)
     click.echo(f"forgot {len(ids)} run(s): {', '.join(ids)}")
 
 

@@ -1,7 +1,8 @@
 """status: where every stage of one or more runs is, and why (schema pinned by STATUS_SCHEMA).
 
 For Slurm runs one `squeue --json` call covers every job shown, plus one `sacct` call
-for the jobs that left the queue when the cluster has accounting. Jobs known to neither
+for the jobs that left the queue when the cluster has accounting (or, on this machine, the
+same two reads through pyslurm when it passes the guard: slurm/queue.py). Jobs known to neither
 are resolved from the jobcomp/filetxt log when it is readable, then from the start/end
 markers the stage scripts write in <run_dir>/jobs/. Local runs read local-state.json.
 
@@ -16,8 +17,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
 from .runs.manifest import Manifest, StageRecord
-from .slurm.client import SlurmCLI
 from .slurm.parse import JobInfo, parse_jobcomp_filetxt
+from .slurm.queue import Choice, QueueReader, choose_reader
 from .transport.base import Transport
 
 STATUS_SCHEMA = 1
@@ -47,10 +48,22 @@ class RunStatus:
     host: str
     stages: list[StageStatus] = field(default_factory=list)
     run_dir: str = ""
+    stale_as_of: Optional[float] = None  # set when shown from the local copy: the host was unreachable
 
     def to_json(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "name": self.name, "executor": self.executor, "host": self.host,
-                "stages": [asdict(s) for s in self.stages]}
+        doc: dict[str, Any] = {"run_id": self.run_id, "name": self.name, "executor": self.executor,
+                               "host": self.host, "stages": [asdict(s) for s in self.stages]}
+        if self.stale_as_of is not None:
+            doc["stale"] = True
+            doc["as_of"] = self.stale_as_of
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any], run_dir: str = "") -> "RunStatus":
+        fields = StageStatus.__dataclass_fields__
+        stages = [StageStatus(**{k: v for k, v in s.items() if k in fields}) for s in doc.get("stages", [])]
+        return cls(str(doc["run_id"]), str(doc.get("name", "")), str(doc.get("executor", "")),
+                   str(doc.get("host", "")), stages, run_dir)
 
 
 def document(runs: list[RunStatus]) -> dict[str, Any]:
@@ -144,11 +157,29 @@ def _explain_dependencies(run: RunStatus, manifest: Manifest) -> None:
 
 
 class StatusCollector:
-    """Status of several runs with a bounded number of Slurm calls per transport."""
+    """Status of several runs with a bounded number of Slurm calls per transport.
 
-    def __init__(self, transport: Transport) -> None:
+    reader: the queue reader to use; by default choose_reader picks squeue/sacct or pyslurm
+    on the first refresh (from the newest run's Slurm version) and keeps it.
+    """
+
+    def __init__(self, transport: Transport, reader: Optional[QueueReader] = None) -> None:
         self.t = transport
-        self.sched = SlurmCLI(transport)
+        self.choice: Optional[Choice] = Choice(reader, "given") if reader is not None else None
+
+    def reader_for(self, runs: list[Manifest]) -> QueueReader:
+        if self.choice is None:
+            newest = max(runs, key=lambda m: m.created_at, default=None)
+            self.choice = choose_reader(self.t, newest.cluster.slurm_version if newest else "")
+        return self.choice.reader
+
+    @property
+    def backend(self) -> str:
+        """Which reader served the queue, and why (for status --verbose)."""
+        if self.choice is None:
+            return "no queue read (no Slurm jobs shown)"
+        failed = getattr(self.choice.reader, "failed", None)
+        return failed or self.choice.reason
 
     def collect(self, manifests: list[Manifest]) -> list[RunStatus]:
         now = time.time()
@@ -180,7 +211,8 @@ class StatusCollector:
 
     def _records(self, runs: list[Manifest]) -> list[JobInfo]:
         wanted = {j for m in runs for st in m.stages for j in st.job_ids}
-        queue = [i for i in self.sched.queue() if (i.array_job_id or i.job_id.split("_")[0]) in wanted]
+        reader = self.reader_for(runs)
+        queue = [i for i in reader.queue() if (i.array_job_id or i.job_id.split("_")[0]) in wanted]
         live_ids = {i.array_job_id or i.job_id for i in queue}
         gone = wanted - live_ids
         # A finished array keeps some tasks in squeue while others aged out: ask sacct for those too.
@@ -188,7 +220,7 @@ class StatusCollector:
         ask = gone | finished_arrays
         extra: list[JobInfo] = []
         if ask and any(m.cluster.accounting for m in runs):
-            acct = self.sched.accounting(sorted(ask))
+            acct = reader.accounting(sorted(ask))
             if acct is not None:
                 extra = [i for i in acct if (i.array_job_id or i.job_id) in ask]
         known = {i.array_job_id or i.job_id for i in extra}
@@ -218,7 +250,7 @@ class StatusCollector:
 
 def _dedupe(infos: list[JobInfo]) -> list[JobInfo]:
     """squeue beats sacct beats jobcomp for the same job id; pending array records stay."""
-    rank = {"squeue": 0, "sacct": 1, "jobcomp": 2, "marker": 3}
+    rank = {"squeue": 0, "pyslurm": 0, "sacct": 1, "pyslurm-db": 1, "jobcomp": 2, "marker": 3}
     best: dict[str, JobInfo] = {}
     for i in infos:
         cur = best.get(i.job_id)
@@ -264,7 +296,12 @@ def format_table(runs: list[RunStatus]) -> str:
 
     lines = []
     for run in runs:
-        lines.append(f"run {run.run_id}  ({run.executor} on {run.host})")
+        if run.stale_as_of is not None:
+            seen = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.stale_as_of)) if run.stale_as_of else "never"
+            lines.append(f"run {run.run_id}  ({run.executor} on {run.host})  STALE: {run.host} is unreachable; "
+                         f"last status seen here at {seen}")
+        else:
+            lines.append(f"run {run.run_id}  ({run.executor} on {run.host})")
         lines.append(f"  {'STAGE':<16} {'JOB':<12} {'STATE':<12} {'ELAPSED':>10} {'EXIT':>4} {'RESTARTS':>8}  "
                      f"{'NODES':<14} REASON")
         for s in run.stages:

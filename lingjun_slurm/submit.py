@@ -5,6 +5,11 @@ spec's) dependencies on the job ids before it; only when the last sbatch succeed
 they released, in one `scontrol release`. If any sbatch fails, every job already queued
 is cancelled, the manifest says "failed" and SubmitError (exit 1) carries Slurm's error.
 No stage of a failed submission ever starts.
+
+The transport decides where: this machine, or a login node over SSH, where the run
+directory is written over SFTP and sbatch runs remotely (a local mirror of the record is
+kept beside the index: runs/mirror.py). Defaults from clusters.yaml that filled fields the
+spec left unset are recorded in the manifest (`defaults`) and re-applied by resubmit.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import signal
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import FrameType
 from typing import Callable, Iterator, Optional, Sequence
 
@@ -25,11 +30,11 @@ from .errors import CommandError, LingjunError, SubmitError, TransportError, Usa
 from .plan import Plan, StagePlan, build_plan
 from .render import render_plan
 from .runs.index import RunIndex, entry_for
-from .runs.manifest import (Attempt, ClusterRecord, DependencyRecord, Manifest, SpecRecord, StageRecord, TransportRecord,
-                            current_user, load_manifest, locked_manifest, save_manifest)
+from .runs.manifest import (Attempt, ClusterRecord, DefaultsRecord, DependencyRecord, Manifest, SpecRecord, StageRecord,
+                            TransportRecord, current_user, load_manifest, locked_manifest, save_manifest)
 from .slurm.client import SlurmCLI
 from .status import ACTIVE
-from .spec.load import LoadedSpec, parse_spec
+from .spec.load import LoadedSpec
 from .transport.base import Transport
 
 Echo = Callable[[str], None]
@@ -45,10 +50,12 @@ def run_dir_for(workdir: str, run_id: str) -> str:
     return f"{workdir.rstrip('/')}/runs/{run_id}"
 
 
-def reproduce_command(run_dir: str, run_id: str, executor: str) -> str:
+def reproduce_command(run_dir: str, run_id: str, executor: str, cluster: str = "") -> str:
     argv = ["lingjun-slurm", "render", f"{run_dir}/spec.yaml", "-o", run_dir, "--run-id", run_id]
     if executor != "slurm":
         argv += ["--executor", executor]
+    if cluster:
+        argv += ["--cluster", cluster]
     return shlex.join(argv)
 
 
@@ -58,13 +65,26 @@ class Prepared:
     plan: Plan
     files: dict[str, str]
     run_dir: str
+    defaults: DefaultsRecord = field(default_factory=DefaultsRecord)
 
 
-def prepare(loaded: LoadedSpec, *, run_id: str, executor: str) -> Prepared:
+def prepare(loaded: LoadedSpec, *, run_id: str, executor: str, defaults: Optional[DefaultsRecord] = None) -> Prepared:
+    """defaults: the clusters.yaml values already merged into loaded.spec (recorded in the manifest)."""
+    defaults = defaults or DefaultsRecord()
     run_dir = run_dir_for(loaded.spec.run.workdir, run_id)
+    cluster = defaults.cluster if defaults.applied else ""
     plan = build_plan(loaded.spec, run_id=run_id, spec_sha256=loaded.sha256, source=loaded.source,
-                      reproduce=reproduce_command(run_dir, run_id, executor), executor=executor)
-    return Prepared(loaded, plan, render_plan(plan), run_dir)
+                      reproduce=reproduce_command(run_dir, run_id, executor, cluster), executor=executor)
+    return Prepared(loaded, plan, render_plan(plan), run_dir, defaults)
+
+
+def reload_spec(t: Transport, run_dir: str, manifest: Manifest) -> LoadedSpec:
+    """The run's own spec.yaml with the cluster defaults it was submitted with (resubmit)."""
+    from .clusters import parse_spec_with_defaults
+
+    path = f"{run_dir}/spec.yaml"
+    loaded, _applied = parse_spec_with_defaults(t.read_text(path), path, dict(manifest.defaults.applied))
+    return loaded
 
 
 def dependency_string(stage: StagePlan, job_ids: dict[str, list[str]],
@@ -110,10 +130,14 @@ def write_run_dir(t: Transport, prep: Prepared, *, new: bool = False) -> None:
     else:
         t.mkdir(prep.run_dir)
     t.mkdir(prep.plan.log_dir)
-    for name, text in prep.files.items():
+    files: dict[str, str] = {**prep.files, "spec.yaml": prep.loaded.text,
+                             "spec.sha256": f"{prep.loaded.sha256}  spec.yaml\n"}
+    for name, text in files.items():
         t.write_atomic(f"{prep.run_dir}/{name}", text, 0o755 if name.endswith((".sh", ".sbatch")) else 0o644)
-    t.write_atomic(f"{prep.run_dir}/spec.yaml", prep.loaded.text)
-    t.write_atomic(f"{prep.run_dir}/spec.sha256", f"{prep.loaded.sha256}  spec.yaml\n")
+    if t.kind != "local":
+        from .runs import mirror
+
+        mirror.save_files(prep.plan.run_id, dict(files))
 
 
 def ship_code(t: Transport, prep: Prepared) -> list[str]:
@@ -138,7 +162,7 @@ def new_manifest(t: Transport, prep: Prepared, executor: str, cluster: ClusterRe
         run_id=prep.plan.run_id, name=prep.plan.name, created_at=now, updated_at=now, tool_version=__version__,
         user=current_user(), executor=executor, transport=TransportRecord(kind=t.kind, host=t.host), cluster=cluster,
         spec=SpecRecord(source=os.path.abspath(prep.loaded.source) if t.kind == "local" else prep.loaded.source,
-                        sha256=prep.loaded.sha256),
+                        sha256=prep.loaded.sha256), defaults=prep.defaults,
         run_dir=prep.run_dir, log_dir=prep.plan.log_dir, stages=[stage_record(st) for st in prep.plan.stages])
 
 
@@ -240,7 +264,7 @@ def submit_slurm(t: Transport, prep: Prepared, index: RunIndex, echo: Echo) -> M
     manifest.shipped = shipped
     save_manifest(t, manifest)
     index.add(entry_for(manifest.run_id, manifest.name, manifest.created_at, "slurm", t.kind, t.host,
-                        manifest.run_dir, manifest.spec.source))
+                        manifest.run_dir, manifest.spec.source, cluster=prep.defaults.cluster))
     submit_stages(sched, manifest, list(prep.plan.stages), {}, echo)
     manifest.state = "submitted"
     manifest.event("submit", stages=manifest.stage_names())
@@ -288,8 +312,8 @@ def resubmit_slurm(t: Transport, run_dir: str, stage: str, state_of: Callable[[s
     if manifest.executor != "slurm":
         raise UsageError(f"run {manifest.run_id} ran with the {manifest.executor} executor")
     names = stages_from(manifest, stage)
-    loaded = parse_spec(t.read_text(f"{run_dir}/spec.yaml"), f"{run_dir}/spec.yaml")
-    prep = prepare(loaded, run_id=manifest.run_id, executor="slurm")
+    prep = prepare(reload_spec(t, run_dir, manifest), run_id=manifest.run_id, executor="slurm",
+                   defaults=manifest.defaults)
     if [st.name for st in prep.plan.stages] != manifest.stage_names():
         raise SubmitError(f"{run_dir}/spec.yaml no longer renders the stages {manifest.stage_names()}")
     known: dict[str, list[str]] = {}
@@ -336,8 +360,8 @@ def resubmit_local(t: Transport, run_dir: str, stage: str, state_of: Callable[[s
         if needed and state != "COMPLETED":
             raise UsageError(f"stage {rec.name} of run {manifest.run_id} is {state or 'UNKNOWN'}, and {stage} "
                              f"depends on it: use `resubmit {manifest.run_id} --from {rec.name}`")
-    loaded = parse_spec(t.read_text(f"{run_dir}/spec.yaml"), f"{run_dir}/spec.yaml")
-    prep = prepare(loaded, run_id=manifest.run_id, executor="local")
+    prep = prepare(reload_spec(t, run_dir, manifest), run_id=manifest.run_id, executor="local",
+                   defaults=manifest.defaults)
     write_run_dir(t, prep)
     with locked_manifest(t, run_dir) as manifest:
         now = round(time.time(), 3)

@@ -2,7 +2,8 @@
 
 The manifest lives in the run directory beside the rendered scripts and the spec as
 submitted. It is rewritten atomically, under the run's lock, whenever jobs change
-(submit, resubmit, the local executor's progress).
+(submit, resubmit, the local executor's progress). For a run on another host (the SSH
+transport) every save and every load also refreshes the local mirror (runs/mirror.py).
 """
 
 from __future__ import annotations
@@ -67,6 +68,13 @@ class TransportRecord(_Model):
     host: str
 
 
+class DefaultsRecord(_Model):
+    """Cluster defaults (clusters.yaml) that filled fields the spec left unset, as submitted."""
+
+    cluster: str = ""
+    applied: dict[str, str] = Field(default_factory=dict, description='{"cluster.defaults.partition": "gpu", ...}')
+
+
 class SpecRecord(_Model):
     source: str
     file: str = "spec.yaml"
@@ -85,6 +93,7 @@ class Manifest(_Model):
     transport: TransportRecord
     cluster: ClusterRecord = Field(default_factory=ClusterRecord)
     spec: SpecRecord
+    defaults: DefaultsRecord = Field(default_factory=DefaultsRecord)
     run_dir: str
     log_dir: str
     state: Literal["submitting", "submitted", "failed"] = "submitting"
@@ -135,16 +144,25 @@ def load_manifest(transport: Transport, run_dir: str) -> Manifest:
         found = data.get("schema") if isinstance(data, dict) else None
         raise TransportError(f"{path}: manifest schema {found!r}; this lingjun-slurm reads schema {MANIFEST_SCHEMA}")
     try:
-        return Manifest.model_validate(data)
+        manifest = Manifest.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise TransportError(f"{path}: {where}: {first['msg']}") from None
+    if transport.kind != "local":
+        from . import mirror
+
+        mirror.save_manifest(manifest)
+    return manifest
 
 
 def save_manifest(transport: Transport, manifest: Manifest) -> None:
     manifest.updated_at = round(time.time(), 3)
     transport.write_atomic(manifest_path(manifest.run_dir), manifest.to_json())
+    if transport.kind != "local":
+        from . import mirror
+
+        mirror.save_manifest(manifest)
 
 
 @contextmanager

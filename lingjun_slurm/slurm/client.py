@@ -29,6 +29,10 @@ class ClusterInfo:
 
 
 class SlurmCLI:
+    """The Slurm commands on a transport; also the default QueueReader (slurm/queue.py)."""
+
+    name = "cli"
+
     def __init__(self, transport: Transport) -> None:
         self.t = transport
 
