@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import fcntl
 import hashlib
 import hmac
 import os
@@ -37,7 +38,9 @@ class KnownHost:
 
 
 def host_key_name(hostname: str, port: int) -> str:
-    """The name OpenSSH records: `host` for port 22, `[host]:port` otherwise."""
+    """The name OpenSSH records: `host` for port 22, `[host]:port` otherwise, lowercased as ssh(1)
+    lowercases the host name (and HostKeyAlias) before looking it up or hashing it."""
+    hostname = hostname.lower()
     return hostname if port == 22 else f"[{hostname}]:{port}"
 
 
@@ -95,7 +98,10 @@ def matches(patterns: str, name: str) -> bool:
             salt, want = base64.b64decode(salt64), base64.b64decode(hash64)
         except (ValueError, binascii.Error):
             return False
-        return hmac.compare_digest(hmac.new(salt, name.encode(), hashlib.sha1).digest(), want)
+        # OpenSSH hashes the lowercased name; a name hashed as written (older versions of this
+        # module) is accepted too.
+        return any(hmac.compare_digest(hmac.new(salt, n.encode(), hashlib.sha1).digest(), want)
+                   for n in dict.fromkeys((name.lower(), name)))
     positive = False
     for pat in patterns.split(","):
         if pat.startswith("!"):
@@ -108,7 +114,7 @@ def matches(patterns: str, name: str) -> bool:
 
 @dataclass(frozen=True)
 class Verdict:
-    status: str  # "ok", "unknown", "mismatch", "revoked"
+    status: str  # "ok", "unknown", "mismatch", "revoked"; record() also returns "added"
     entry: Optional[KnownHost] = None
 
 
@@ -140,6 +146,32 @@ def known_types(entries: list[KnownHost], name: str) -> list[str]:
     return seen
 
 
+def record(path: Path, files: Iterable[Path], name: str, blob: bytes, hashed: bool = False) -> Verdict:
+    """Accept a new key: under an exclusive flock on `path` (the file new keys go to), read `files`
+    again and append the key only if the name is still unknown. Returns Verdict("added", entry)
+    or, when another process recorded a key for the name meanwhile, the verdict of check() for
+    the files as they are now (ok, mismatch or revoked), without writing anything."""
+    path = Path(path)
+    try:
+        if not path.parent.exists():
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise TransportError(f"cannot record the host key in {path}: {exc.strerror}") from exc
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass  # a filesystem without flock: append anyway, as OpenSSH does
+        verdict = check(load(files), name, blob)
+        if verdict.status != "unknown":
+            return verdict
+        line = append(path, name, blob, hashed)
+        return Verdict("added", KnownHost(path, 0, None, line.split(" ", 1)[0], blob_type(blob), blob))
+    finally:
+        os.close(fd)  # releases the flock
+
+
 def append(path: Path, name: str, blob: bytes, hashed: bool = False) -> str:
     """Record a key as OpenSSH does (plain `[host]:port type base64`, or a hashed name with
     HashKnownHosts yes). A missing file is created 0600 (its directory 0700). Returns the line."""
@@ -153,7 +185,7 @@ def append(path: Path, name: str, blob: bytes, hashed: bool = False) -> str:
     path = Path(path)
     try:
         if not path.parent.exists():
-            path.parent.mkdir(mode=0o700, parents=True)
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
             if path.is_file():

@@ -6,13 +6,15 @@ Target and configuration
     `SSHTransport(target)` takes `[USER@]HOST[:PORT]`, `ssh://[USER@]HOST[:PORT]` or an ssh_config
     alias; `host` returns it exactly as given (it is stored in run records and reopened from
     there). The ssh_config file is the `ssh_config` argument, else $LINGJUN_SSH_CONFIG, else
-    ~/.ssh/config (a missing file is no config; /etc/ssh/ssh_config is not read). Honoured,
-    through paramiko.SSHConfig (so Host/Match blocks and %h/%p/%r/~ tokens work as paramiko
-    supports them): HostName, User, Port, IdentityFile (several), IdentitiesOnly, ProxyJump
+    ~/.ssh/config (a missing file is no config; /etc/ssh/ssh_config is not read). Include lines
+    are expanded first (globs, relative names under ~/.ssh, 16 levels; see _config_text() for
+    the one case refused). Honoured, through paramiko.SSHConfig (so Host/Match blocks and
+    %h/%p/%r/~ tokens work as paramiko supports them; %r is the config's User, not one given in
+    the target): HostName, User, Port, IdentityFile (several), IdentitiesOnly, ProxyJump
     (a comma-separated chain, each hop resolved through the config too, the first hop's own
     ProxyJump included; `none` disables), ProxyCommand (when there is no ProxyJump; run by
     paramiko), UserKnownHostsFile, GlobalKnownHostsFile, HashKnownHosts, HostKeyAlias,
-    StrictHostKeyChecking, ConnectTimeout, ServerAliveInterval. A user or port in the target
+    StrictHostKeyChecking, ConnectTimeout, ServerAliveInterval, IdentityAgent. A user or port in the target
     wins over the config's. ConnectTimeout/ServerAliveInterval apply when the constructor's
     connect_timeout/keepalive_s are left at their defaults.
 
@@ -20,7 +22,8 @@ Keys (never a password or passphrase prompt)
     Tried in OpenSSH's order: each IdentityFile (or, when the config names none,
     ~/.ssh/id_ed25519, id_ecdsa, id_rsa), signed by the ssh-agent ($SSH_AUTH_SOCK) when the agent
     holds that key (matched through the file's .pub), else loaded from the file; then the agent's
-    other keys, unless IdentitiesOnly yes. An encrypted key file the agent does not hold is
+    other keys, unless IdentitiesOnly yes. The agent is the one at IdentityAgent (a path, $VAR,
+    or none: no agent) when the config names one. An encrypted key file the agent does not hold is
     skipped, and when nothing works the message names it and says to ssh-add it. Password and
     keyboard-interactive authentication are never attempted; a server that wants a second
     factor after the key is an authentication failure.
@@ -28,14 +31,18 @@ Keys (never a password or passphrase prompt)
 Host keys
     Read from the known_hosts file (the `known_hosts` argument, else $LINGJUN_KNOWN_HOSTS, else
     the config's first UserKnownHostsFile, else ~/.ssh/known_hosts), the config's other
-    UserKnownHostsFiles, and /etc/ssh/ssh_known_hosts (or GlobalKnownHostsFile). Hashed entries,
+    UserKnownHostsFiles (%-tokens and ${VAR} expanded as ssh(1) does; an unsupported token is an
+    error) or ~/.ssh/known_hosts2, and /etc/ssh/ssh_known_hosts{,2} (or GlobalKnownHostsFile).
+    Host names are lowercased, as ssh(1) does, before they are matched or hashed. Hashed entries,
     wildcard and !negated patterns and @revoked lines are understood; @cert-authority lines are
     ignored (host certificates are not supported). The key is checked right after the key
     exchange, before any authentication, for every hop of a ProxyJump chain. Unknown: refused
     (HostKeyError, exit 5) unless accept_new_host_key=True (the CLI's --accept-new-host-key) or
     StrictHostKeyChecking accept-new/no/off in ssh_config, in which case it is accepted and
     appended to the first known_hosts file (plain `[host]:port type key` as OpenSSH writes, or
-    hashed with HashKnownHosts yes; a missing file is created 0600 in a 0700 directory).
+    hashed with HashKnownHosts yes; a missing file is created 0600 in a 0700 directory), after
+    the files are read again under a flock of that file (another process may have recorded a
+    key in the meantime, which is then checked instead).
     A mismatch, a key of a type other than the recorded one, or a revoked key is always refused
     (unlike OpenSSH's StrictHostKeyChecking=no, which connects anyway).
 
@@ -43,7 +50,9 @@ Connection
     Opened lazily on first use; one paramiko Transport plus one SFTP session serve every command
     and file operation until close() (a connection found dead before an operation is reopened).
     connect_timeout bounds the TCP connect, the banner, the key exchange and authentication;
-    keepalive_s sends SSH keepalives (and TCP keepalive is on). Errors: DNS failure, refused,
+    keepalive_s sends SSH keepalives (and TCP keepalive is on). Opening a channel and the
+    requests paramiko would wait on for ever (exec, the sftp subsystem, SFTP's version exchange)
+    are bounded by max(connect_timeout, 10 s). Errors: DNS failure, refused,
     timed out, no SSH server, a jump host that cannot forward -> HostUnreachable (3); no key
     accepted -> AuthFailed (4); host key unknown/mismatched/revoked -> HostKeyError (5); a
     connection lost during a command or a file operation -> TransportError (1) naming what ran.
@@ -54,6 +63,9 @@ Commands
     command -v timeout >/dev/null 2>&1; then exec timeout -k 5 T env -- 'NAME=value' 'argv0'
     'arg'...; else exec env -- ...; fi` (see command_line()). Environment names are checked
     ([A-Za-z_][A-Za-z0-9_]*); values, arguments and paths are never interpreted by the shell.
+    Values travel on that command line, so other users of the login node can read them in
+    ps(1): never pass secrets in env. A relative cwd is `./CWD` (under the home; never a
+    directory found through $CDPATH).
     stdin gets `input` then EOF; stdout and stderr are read by two threads (no deadlock on large
     outputs). The run's timeout (or command_timeout when the caller passes None; both None: no
     limit) is enforced on the remote by coreutils `timeout -k 5 T` when the remote has it
@@ -68,7 +80,7 @@ Commands
 Files (over the one SFTP session)
     `~` and `~/...` are expanded to the remote home (SFTP's normalize('.'), asked once);
     relative paths are relative to the home, as for commands. write_atomic and put write
-    `.NAME.tmp.<random>` beside the target (created exclusively), chmod it, then
+    `.NAME.tmp.<random>` beside the target (created exclusively, mode 0600), chmod it, then
     posix-rename@openssh.com over the target (a server without that extension gets remove +
     rename: not atomic). put streams 1 MiB local reads as pipelined 32 KiB writes; get reads
     2 MiB windows of pipelined 32 KiB requests (paramiko's getfo keeps whatever arrives faster
@@ -84,8 +96,8 @@ Lock
     its stdin (or when the connection dies: sshd closes the pipe). It excludes other holders on
     any host whose filesystem honours flock (local disks; NFSv4 maps it to POSIX locks; Lustre
     needs the `flock` mount option) and interoperates with the local transport's flock. It needs
-    flock (util-linux) on the remote. A holder whose connection drops loses the lock without
-    noticing until its next operation fails.
+    flock (util-linux) on the remote. A holder whose connection drops loses the lock; its next
+    operation inside the with-block fails (TransportError) instead of reconnecting.
 
 Not supported (yet)
     /etc/ssh/ssh_config, Match exec (needs the invoke package), CheckHostIP, ServerAliveCountMax
@@ -104,6 +116,7 @@ from __future__ import annotations
 import base64
 import errno
 import getpass
+import glob
 import logging
 import os
 import posixpath
@@ -119,6 +132,7 @@ from pathlib import Path
 from typing import IO, Callable, Iterator, Mapping, Optional
 
 import paramiko
+import paramiko.agent
 
 from ..errors import AuthFailed, HostKeyError, HostUnreachable, TransportError, UsageError
 from . import knownhosts
@@ -137,7 +151,8 @@ DEFAULT_KEEPALIVE_S = 30
 DEFAULT_COMMAND_TIMEOUT = 120.0
 MAX_JUMP_DEPTH = 8
 DEFAULT_IDENTITIES = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")
-GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
+GLOBAL_KNOWN_HOSTS = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")  # ssh(1)'s defaults
+USER_KNOWN_HOSTS = ("~/.ssh/known_hosts", "~/.ssh/known_hosts2")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LOCK_TIMEOUT_RC = 75
 REMOTE_KILL_GRACE_S = 5  # timeout -k: SIGKILL this long after SIGTERM
@@ -158,6 +173,7 @@ class _Endpoint:
     user: str
     identity_files: list[str]
     identities_only: bool
+    identity_agent: Optional[str]  # IdentityAgent: None (use $SSH_AUTH_SOCK), "none", or a socket path
     global_known_hosts: list[Path]
     user_known_hosts: list[Path]
     strict: str
@@ -181,21 +197,109 @@ class _Endpoint:
 
     @property
     def key_name(self) -> str:
-        return self.host_key_alias or knownhosts.host_key_name(self.hostname, self.port)
+        """The name looked up in known_hosts, lowercased as ssh(1) does (hashed entries hash it)."""
+        if self.host_key_alias:
+            return self.host_key_alias.lower()
+        return knownhosts.host_key_name(self.hostname, self.port)
 
 
 def _expand(path: str) -> Path:
     return Path(os.path.expanduser(path))
 
 
-def _files_option(value: Optional[str]) -> list[Path]:
+def _files_option(value: Optional[str], tokens: Optional[Mapping[str, str]] = None, what: str = "") -> list[Path]:
+    """File names of a known-hosts option; with tokens, %-tokens and ${VAR} are expanded as
+    ssh(1) does for UserKnownHostsFile (never for GlobalKnownHostsFile)."""
     if not value:
         return []
     try:
         words = shlex.split(value)
     except ValueError:
         words = value.split()
-    return [_expand(w) for w in words if w.lower() != "none"]
+    words = [w for w in words if w.lower() != "none"]
+    if tokens is not None:
+        words = [_percent_expand(os.path.expanduser(w), tokens, what) for w in words]
+    return [_expand(w) for w in words]
+
+
+def _percent_expand(value: str, tokens: Mapping[str, str], what: str) -> str:
+    """%% and %X for X in tokens, ${VAR} from the environment. An unknown token is an error (as in
+    ssh(1)): a literal `%h` in a known_hosts file name would silently read a file that does not
+    exist, and accepting new keys would then accept a changed one."""
+    out: list[str] = []
+    i = 0
+    while i < len(value):
+        if value[i] == "%":
+            k = value[i + 1:i + 2]
+            if k == "%":
+                out.append("%")
+            elif k and k in tokens:
+                out.append(tokens[k])
+            else:
+                raise UsageError(f"{what}: unsupported token %{k} in {value!r}")
+            i += 2
+        elif value.startswith("${", i):
+            end = value.find("}", i)
+            name = value[i + 2:end] if end > 0 else ""
+            if not name or name not in os.environ:
+                raise UsageError(f"{what}: environment variable {name or value[i:]!r} in {value!r} is not set")
+            out.append(os.environ[name])
+            i = end + 1
+        else:
+            out.append(value[i])
+            i += 1
+    return "".join(out)
+
+
+_CONFIG_LINE = re.compile(r"^\s*(\w+)(?:\s*=\s*|\s+)(.*?)\s*$")
+MAX_INCLUDE_DEPTH = 16
+
+
+def _config_keyword(line: str) -> tuple[str, str]:
+    m = _CONFIG_LINE.match(line)
+    return (m.group(1).lower(), m.group(2)) if m else ("", "")
+
+
+def _config_text(path: Path, depth: int = 0, enclosing: Optional[str] = None) -> str:
+    """An ssh_config file with its Include lines replaced by the files they name (paramiko ignores
+    Include). As ssh(1): names may be globs, relative names are under ~/.ssh, files are read in
+    sorted order, at most 16 levels. After the included lines the enclosing Host/Match block (or,
+    at the top, `Host *`) is opened again, so the lines that follow keep applying where they did.
+    A Host or Match line in a file included inside a Host/Match block is refused: ssh(1) makes
+    such blocks conditional on the enclosing one, which paramiko cannot express, and applying
+    them unconditionally could apply settings (StrictHostKeyChecking no...) to every host."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise UsageError(f"cannot read the ssh_config {path}: {exc.strerror}") from None
+    out: list[str] = []
+    header = enclosing
+    for raw in text.splitlines():
+        key, value = _config_keyword(raw)
+        if key in ("host", "match"):
+            if enclosing is not None:
+                raise UsageError(f"{path}: {raw.strip()!r} in a file included inside the block {enclosing.strip()!r}: "
+                                 f"Host and Match lines are only supported in files included outside Host/Match blocks")
+            header = raw
+        if key != "include":
+            out.append(raw)
+            continue
+        if depth >= MAX_INCLUDE_DEPTH:
+            raise UsageError(f"{path}: Include nested more than {MAX_INCLUDE_DEPTH} levels deep (a loop?)")
+        try:
+            words = shlex.split(value)
+        except ValueError as exc:
+            raise UsageError(f"{path}: bad Include line {raw.strip()!r}: {exc}") from None
+        for word in words:
+            pattern = os.path.expanduser(word)
+            if not os.path.isabs(pattern):
+                pattern = os.path.join(os.path.expanduser("~/.ssh"), pattern)
+            for name in sorted(glob.glob(pattern)):
+                if os.path.isfile(name):
+                    out.append(f"# Include {name}")
+                    out.append(_config_text(Path(name), depth + 1, header))
+                    out.append(header if header is not None else "Host *")
+    return "\n".join(out) + "\n"
 
 
 class SSHTransport(Transport):
@@ -226,6 +330,7 @@ class SSHTransport(Transport):
         self._hops: list[paramiko.Transport] = []
         self._home: Optional[str] = None
         self._endpoint: Optional[_Endpoint] = None
+        self._locks_held: list[str] = []  # lock() paths whose with-block is running
         self.connections = 0  # SSH connections opened (hops included): tests count them
 
     # --- identity -----------------------------------------------------------------------
@@ -241,8 +346,9 @@ class SSHTransport(Transport):
         if not self._config_loaded:
             self._config_loaded = True
             if self.ssh_config_path.is_file():
+                text = _config_text(self.ssh_config_path)
                 try:
-                    self._config = paramiko.SSHConfig.from_path(str(self.ssh_config_path))
+                    self._config = paramiko.SSHConfig.from_text(text)
                 except Exception as exc:  # paramiko.ConfigParseError, a Match exec without invoke...
                     raise UsageError(f"cannot read the ssh_config {self.ssh_config_path}: {exc}") from None
         return self._config
@@ -276,18 +382,27 @@ class SSHTransport(Transport):
             except ValueError:
                 raise UsageError(f"{self.ssh_config_path}: {key} {opts[key]!r} for {host} is not a number") from None
 
-        user_kh = _files_option(opts.get("userknownhostsfile"))
+        login = user or opts.get("user") or _local_user(target)
+        alias = opts.get("hostkeyalias")
+        tokens = {"h": hostname, "p": str(port), "r": login, "n": host, "k": (alias or host).lower(),
+                  "d": os.path.expanduser("~"), "i": str(os.getuid()), "l": socket.gethostname(),
+                  "L": socket.gethostname().split(".")[0], "j": opts.get("proxyjump") or ""}
+        if "userknownhostsfile" in opts and "%u" in opts["userknownhostsfile"]:
+            tokens["u"] = _local_user(target)
+        user_kh = _files_option(opts.get("userknownhostsfile"), tokens,
+                                f"{self.ssh_config_path}: UserKnownHostsFile for {host}")
         global_kh = _files_option(opts.get("globalknownhostsfile")) if "globalknownhostsfile" in opts \
-            else [Path(GLOBAL_KNOWN_HOSTS)]
+            else [Path(p) for p in GLOBAL_KNOWN_HOSTS]
         ka = number("serveraliveinterval")
         ep = _Endpoint(
-            label=target, hostname=hostname, port=port, user=user or opts.get("user") or getpass.getuser(),
+            label=target, hostname=hostname, port=port, user=login,
             identity_files=list(opts.get("identityfile", [])),
             identities_only=str(opts.get("identitiesonly", "no")).lower() in _TRUE,
+            identity_agent=_identity_agent(opts.get("identityagent")),
             global_known_hosts=global_kh, user_known_hosts=user_kh,
             strict=str(opts.get("stricthostkeychecking", "yes")).lower(),
             hash_known_hosts=str(opts.get("hashknownhosts", "no")).lower() in _TRUE,
-            host_key_alias=opts.get("hostkeyalias"), connect_timeout=number("connecttimeout"),
+            host_key_alias=alias, connect_timeout=number("connecttimeout"),
             keepalive_s=int(ka) if ka is not None else None, is_jump=is_jump)
         if jump == "config":
             pj = opts.get("proxyjump")
@@ -307,9 +422,11 @@ class SSHTransport(Transport):
 
     def _known_hosts_files(self, ep: _Endpoint) -> tuple[Path, list[Path]]:
         """(the file new keys go to, every file read)."""
-        primary = self._known_hosts_arg or (ep.user_known_hosts[0] if ep.user_known_hosts
-                                            else _expand("~/.ssh/known_hosts"))
-        files = [primary] + [p for p in ep.user_known_hosts if p != primary] + ep.global_known_hosts
+        user_files = ep.user_known_hosts or [_expand(p) for p in USER_KNOWN_HOSTS]
+        primary = self._known_hosts_arg or user_files[0]
+        if self._known_hosts_arg and not ep.user_known_hosts:
+            user_files = []  # the argument (or $LINGJUN_KNOWN_HOSTS) replaces the default files
+        files = [primary] + [p for p in user_files if p != primary] + ep.global_known_hosts
         return primary, files
 
     # --- connecting -------------------------------------------------------------------------
@@ -328,6 +445,9 @@ class SSHTransport(Transport):
             if self._t is not None and self._t.is_active():
                 return self._t
             if self._t is not None:
+                if self._locks_held:
+                    raise TransportError(f"connection to {self.where} lost while holding the lock "
+                                         f"{self._locks_held[-1]} there; the lock is released, so not reconnecting")
                 log.debug("connection to %s found closed; reconnecting", self._target)
                 self._close_connection()
             if self._endpoint is None:
@@ -346,16 +466,60 @@ class SSHTransport(Transport):
         with self._lock:
             t = self._ensure()
             if self._sftp is None or self._sftp.get_channel() is None or self._sftp.get_channel().closed:
+                # Not SFTPClient.from_transport: its channel open, subsystem request and version
+                # exchange wait without a limit (an hour, or for ever) on a server that hangs, as
+                # one does whose home directory is on a hung NFS server.
+                self._sftp = None
+                limit = self._answer_limit()
+                chan = self._open_session()
                 try:
-                    self._sftp = paramiko.SFTPClient.from_transport(t)
+                    self._bounded(chan, limit, "the sftp subsystem request", lambda: chan.invoke_subsystem("sftp"))
+                    chan.settimeout(limit)
+                    sftp = paramiko.SFTPClient(chan)
+                except TransportError:
+                    chan.close()
+                    raise
+                except (socket.timeout, TimeoutError):
+                    chan.close()
+                    raise TransportError(f"cannot start SFTP on {self.where}: no answer within {limit:g} s") from None
                 except (paramiko.SSHException, EOFError, OSError) as exc:
-                    raise TransportError(f"cannot start SFTP on {self.where}: {exc or type(exc).__name__}") from None
-                if self._sftp is None:
-                    raise TransportError(f"cannot start SFTP on {self.where}: the server refused the sftp subsystem")
-                if self.command_timeout:
-                    self._sftp.get_channel().settimeout(self.command_timeout)
+                    chan.close()
+                    raise TransportError(f"cannot start SFTP on {self.where}: {exc or type(exc).__name__} "
+                                         f"(is the sftp subsystem enabled there?)") from None
+                chan.settimeout(self.command_timeout or None)
+                self._sftp = sftp
                 self._home = None
             return self._sftp
+
+    def _answer_limit(self) -> float:
+        """How long to wait for the server to answer a channel request (connect_timeout, at least 10 s)."""
+        return max(self._timeout_for(self._endpoint) if self._endpoint else self.connect_timeout, 10.0)
+
+    def _bounded(self, chan: paramiko.Channel, seconds: float, what: str, request: Callable[[], object]) -> None:
+        """Run a channel request (exec, subsystem) that paramiko would wait on without a limit: close
+        the channel (which wakes the waiter) when the server has not answered within seconds."""
+        fired = threading.Event()
+
+        def expire() -> None:
+            fired.set()
+            chan.close()
+
+        timer = threading.Timer(seconds, expire)
+        timer.daemon = True
+        timer.start()
+        try:
+            request()
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            if fired.is_set():
+                raise TransportError(f"{self.where} did not answer {what} within {seconds:g} s") from None
+            t = chan.get_transport()
+            if t is None or not t.is_active():
+                raise TransportError(f"connection to {self.where} lost during {what}") from None
+            raise TransportError(f"{what} failed on {self.where}: {exc or type(exc).__name__}") from None
+        finally:
+            timer.cancel()
+        if fired.is_set():
+            raise TransportError(f"{self.where} did not answer {what} within {seconds:g} s")
 
     def _open_socket(self, ep: _Endpoint, hops: list[paramiko.Transport], timeout: float) -> object:
         if ep.jump is not None:
@@ -379,6 +543,9 @@ class SSHTransport(Transport):
         except socket.gaierror as exc:
             raise HostUnreachable(f"cannot reach {ep.where}: cannot resolve the host name {ep.hostname} "
                                   f"({exc.strerror})") from None
+        except UnicodeError:  # the IDNA codec refuses the name (an empty or over-long label: a..b)
+            raise HostUnreachable(f"cannot reach {ep.where}: cannot resolve the host name {ep.hostname} "
+                                  f"(not a valid DNS name)") from None
         except ConnectionRefusedError:
             raise HostUnreachable(f"cannot reach {ep.where}: connection refused (no SSH server on port {ep.port}?)") from None
         except (socket.timeout, TimeoutError):
@@ -437,6 +604,18 @@ class SSHTransport(Transport):
         blob = key.asbytes()
         ktype, fp = knownhosts.blob_type(blob), knownhosts.fingerprint(blob)
         verdict = knownhosts.check(entries, ep.key_name, blob)
+        if verdict.status == "unknown":
+            accept = self.accept_new_host_key or ep.strict in ("accept-new", "no", "off", "false")
+            if not accept:
+                raise HostKeyError(
+                    f"the host key of {ep.where} is not known ({ktype} {fp} is in none of "
+                    f"{', '.join(str(f) for f in files)}); check the fingerprint, then connect once with "
+                    f"--accept-new-host-key to record it in {primary}")
+            # Read the files again under a lock: another process may have recorded a key meanwhile.
+            verdict = knownhosts.record(primary, files, ep.key_name, blob, hashed=ep.hash_known_hosts)
+            if verdict.status == "added":
+                log.info("recorded the new host key of %s in %s: %s %s", ep.where, primary, ktype, fp)
+                return
         if verdict.status == "ok":
             log.debug("host key of %s matches %s", ep.where, verdict.entry.where if verdict.entry else "")
             return
@@ -444,40 +623,45 @@ class SSHTransport(Transport):
             assert verdict.entry is not None
             raise HostKeyError(f"the host key of {ep.where} ({ktype} {fp}) is marked @revoked in "
                                f"{verdict.entry.where}; refusing to connect")
-        if verdict.status == "mismatch":
-            e = verdict.entry
-            assert e is not None
-            recorded = ("a different key" if knownhosts.blob_type(e.blob) == ktype
-                        else f"only a {knownhosts.blob_type(e.blob)} key")
-            raise HostKeyError(
-                f"HOST KEY MISMATCH for {ep.where}: the server offers {ktype} {fp} but {e.where} records "
-                f"{recorded} for {ep.key_name}; possible man-in-the-middle attack (or the host was "
-                f"reinstalled); refusing to connect. If the change is expected, remove the old key "
-                f"(ssh-keygen -R '{ep.key_name}' -f {e.path}) and connect again with --accept-new-host-key")
-        accept = self.accept_new_host_key or ep.strict in ("accept-new", "no", "off", "false")
-        if not accept:
-            raise HostKeyError(
-                f"the host key of {ep.where} is not known ({ktype} {fp} is in none of "
-                f"{', '.join(str(f) for f in files)}); check the fingerprint, then connect once with "
-                f"--accept-new-host-key to record it in {primary}")
-        line = knownhosts.append(primary, ep.key_name, blob, hashed=ep.hash_known_hosts)
-        log.info("recorded the new host key of %s in %s: %s", ep.where, primary, line.split(" ", 1)[-1][:40])
+        e = verdict.entry
+        assert verdict.status == "mismatch" and e is not None
+        recorded = ("a different key" if knownhosts.blob_type(e.blob) == ktype
+                    else f"only a {knownhosts.blob_type(e.blob)} key")
+        raise HostKeyError(
+            f"HOST KEY MISMATCH for {ep.where}: the server offers {ktype} {fp} but {e.where} records "
+            f"{recorded} for {ep.key_name}; possible man-in-the-middle attack (or the host was "
+            f"reinstalled); refusing to connect. If the change is expected, remove the old key "
+            f"(ssh-keygen -R '{ep.key_name}' -f {e.path}) and connect again with --accept-new-host-key")
 
-    def _agent_keys(self) -> tuple[list[paramiko.PKey], Optional[str]]:
-        if not os.environ.get("SSH_AUTH_SOCK"):
-            return [], "no ssh-agent ($SSH_AUTH_SOCK unset)"
+    def _agent_keys(self, ep: _Endpoint) -> tuple[list[paramiko.PKey], Optional[str], Optional[_SocketAgent]]:
+        if ep.identity_agent == "none":
+            return [], "no ssh-agent (IdentityAgent none)", None
+        path = ep.identity_agent or os.environ.get("SSH_AUTH_SOCK")
+        if not path:
+            return [], "no ssh-agent ($SSH_AUTH_SOCK unset)", None
+        agent = None
         try:
-            agent = paramiko.Agent()
+            agent = _SocketAgent(path)
             keys = list(agent.get_keys())
         except Exception as exc:  # a stale socket, an agent speaking something else
-            return [], f"ssh-agent unusable ({type(exc).__name__})"
-        return keys, None if keys else "ssh-agent holds no keys"
+            if agent is not None:
+                agent.close()
+            return [], f"ssh-agent unusable ({type(exc).__name__})", None
+        return keys, None if keys else "ssh-agent holds no keys", agent
 
     def _authenticate(self, t: paramiko.Transport, ep: _Endpoint) -> None:
+        agent_keys, agent_note, agent = self._agent_keys(ep)
+        try:
+            self._authenticate_with(t, ep, agent_keys, agent_note)
+        finally:
+            if agent is not None:
+                agent.close()  # one agent connection per login, not one left open per hop and reconnect
+
+    def _authenticate_with(self, t: paramiko.Transport, ep: _Endpoint, agent_keys: list[paramiko.PKey],
+                           agent_note: Optional[str]) -> None:
         explicit = bool(ep.identity_files)
         paths = [_expand(p) for p in (ep.identity_files or DEFAULT_IDENTITIES)]
         notes: list[str] = []
-        agent_keys, agent_note = self._agent_keys()
         if agent_note and (not ep.identities_only or agent_keys):
             notes.append(agent_note)
         agent_by_blob = {k.asbytes(): k for k in agent_keys}
@@ -593,16 +777,23 @@ class SSHTransport(Transport):
             limited = f"exec timeout -k {REMOTE_KILL_GRACE_S} {max(timeout, 0.001):.3f} " + " ".join(words)
             line = f"if command -v timeout >/dev/null 2>&1; then {limited}; else {line}; fi"
         if cwd is not None:
-            line = f"cd -- {shlex.quote(cwd)} || exit 126; {line}"
+            # ./ : a relative directory is the one under the home, never one found through $CDPATH
+            # (cd would also print it, on the program's stdout).
+            where = cwd if cwd.startswith("/") else f"./{cwd}"
+            line = f"cd -- {shlex.quote(where)} || exit 126; {line}"
         return line
 
     def _open_session(self) -> paramiko.Channel:
         t = self._ensure()
+        limit = self._answer_limit()
         try:
-            return t.open_session(timeout=self._timeout_for(self._endpoint) if self._endpoint else None)
+            return t.open_session(timeout=limit)
         except paramiko.ChannelException as exc:
             raise TransportError(f"{self.where} refused a new session ({exc.text or exc.code}; MaxSessions?)") from None
         except (paramiko.SSHException, EOFError, OSError) as exc:
+            if t.is_active():
+                raise TransportError(f"{self.where} did not open a session within {limit:g} s "
+                                     f"({exc or type(exc).__name__})") from None
             raise TransportError(f"connection to {self.where} lost: {exc or type(exc).__name__}") from None
 
     def _signal(self, chan: paramiko.Channel, name: str) -> None:
@@ -628,11 +819,10 @@ class SSHTransport(Transport):
         started = time.monotonic()
         what = shlex.join(argv)
         try:
-            chan.exec_command(line)
-        except (paramiko.SSHException, EOFError, OSError) as exc:
+            self._bounded(chan, self._answer_limit(), f"the request to run {what}", lambda: chan.exec_command(line))
+        except TransportError:
             chan.close()
-            raise TransportError(f"connection to {self.where} lost before running {what}: "
-                                 f"{exc or type(exc).__name__}") from None
+            raise
         out: list[bytes] = []
         err: list[bytes] = []
 
@@ -690,12 +880,14 @@ class SSHTransport(Transport):
             return 124, text(out), with_note(f"{argv[0]}: timed out after {timeout:g} s on {self.where}")
         rc = chan.exit_status
         chan.close()
-        if rc == 124 and timeout is not None and time.monotonic() - started >= timeout:
-            return 124, text(out), with_note(f"{argv[0]}: timed out after {timeout:g} s on {self.where}")
         t = self._t
+        if rc == -1 and (t is None or not t.is_active()):
+            raise TransportError(f"connection to {self.where} lost while running: {what}")
+        # timeout(1) exits 124, or, when the program outlived SIGTERM and took the SIGKILL, kills
+        # itself with that signal (no exit status: -1) or exits 137.
+        if rc in (124, 137, -1) and timeout is not None and time.monotonic() - started >= timeout:
+            return 124, text(out), with_note(f"{argv[0]}: timed out after {timeout:g} s on {self.where}")
         if rc == -1:
-            if t is None or not t.is_active():
-                raise TransportError(f"connection to {self.where} lost while running: {what}")
             return 255, text(out), with_note(f"{argv[0]}: ended without an exit status (killed by a signal?)")
         return rc, text(out), text(err)
 
@@ -735,8 +927,12 @@ class SSHTransport(Transport):
             raise
         except (socket.timeout, TimeoutError):
             self._drop_sftp()  # a late answer would confuse the next request: start a fresh session
-            raise TransportError(f"cannot {what} {path} on {self.where}: no answer within "
-                                 f"{self.command_timeout:g} s") from None
+            within = f"no answer within {self.command_timeout:g} s" if self.command_timeout else "timed out"
+            raise TransportError(f"cannot {what} {path} on {self.where}: {within}") from None
+        except paramiko.SFTPError as exc:  # a malformed answer ("Expected handle"...): not an OSError
+            self._drop_sftp()
+            raise TransportError(f"cannot {what} {path} on {self.where}: SFTP protocol error "
+                                 f"({exc or type(exc).__name__})") from None
         except (paramiko.SSHException, EOFError, ConnectionError) as exc:
             if self._t is not None and self._t.is_active() and not isinstance(exc, EOFError):
                 raise TransportError(f"cannot {what} {path} on {self.where}: {exc or type(exc).__name__}") from None
@@ -769,16 +965,22 @@ class SSHTransport(Transport):
                 fh.prefetch()
                 return fh.read()
 
+    def _stat_or_none(self, sftp: paramiko.SFTPClient, p: str) -> Optional[paramiko.SFTPAttributes]:
+        """stat, None when missing or refused (permission denied and the like, as os.path.exists).
+        A timeout, a lost connection or a protocol error is raised (by _sftp_errors): "no answer"
+        is not "no such file"."""
+        try:
+            return self._stat(sftp, p)
+        except OSError as exc:
+            if _no_answer(exc):
+                raise
+            return None
+
     def exists(self, path: str) -> bool:
         sftp = self._sftp_client()
         p = self._path(path)
-        try:
-            with self._sftp_errors("stat", path):
-                return self._stat(sftp, p) is not None
-        except TransportError:
-            if self._t is None or not self._t.is_active():
-                raise
-            return False  # permission denied and the like, as os.path.exists
+        with self._sftp_errors("stat", path):
+            return self._stat_or_none(sftp, p) is not None
 
     def listdir(self, path: str) -> list[str]:
         sftp = self._sftp_client()
@@ -788,7 +990,9 @@ class SSHTransport(Transport):
                 return sorted(sftp.listdir(p))
             except FileNotFoundError:
                 return []
-            except OSError:
+            except OSError as exc:
+                if _no_answer(exc):
+                    raise
                 st = self._stat(sftp, p)
                 if st is None or not _is_dir(st):
                     return []
@@ -805,7 +1009,9 @@ class SSHTransport(Transport):
             self._makedirs(sftp, parent, mode)
         try:
             sftp.mkdir(p, mode)
-        except OSError:
+        except OSError as exc:
+            if _no_answer(exc):
+                raise
             st = self._stat(sftp, p)
             if st is None or not _is_dir(st):
                 raise
@@ -823,6 +1029,8 @@ class SSHTransport(Transport):
             try:
                 sftp.mkdir(p, mode)
             except OSError as exc:
+                if _no_answer(exc):
+                    raise  # it may have been created by this very request: not "someone else's"
                 if self._stat(sftp, p) is not None:
                     raise FileExistsError(errno.EEXIST, f"{path} exists on {self.where}", path) from None
                 raise exc
@@ -852,7 +1060,7 @@ class SSHTransport(Transport):
         try:
             with self._sftp_errors(what, path):
                 try:
-                    fh = sftp.open(tmp, "wbx")
+                    fh = _open_new(sftp, tmp)
                 except FileNotFoundError:
                     raise TransportError(f"cannot {what} {path} on {self.where}: "
                                          f"no directory {posixpath.dirname(p) or '.'}") from None
@@ -922,13 +1130,8 @@ class SSHTransport(Transport):
     def size(self, path: str) -> Optional[int]:
         sftp = self._sftp_client()
         p = self._path(path)
-        try:
-            with self._sftp_errors("stat", path):
-                st = self._stat(sftp, p)
-        except TransportError:
-            if self._t is None or not self._t.is_active():
-                raise
-            return None
+        with self._sftp_errors("stat", path):
+            st = self._stat_or_none(sftp, p)
         return None if st is None else st.st_size
 
     def read_range(self, path: str, offset: int, length: int) -> bytes:
@@ -983,12 +1186,14 @@ class SSHTransport(Transport):
         parent = posixpath.dirname(p)
         if parent:
             self.mkdir(parent)
-        argv = ("flock", "-x", "-E", str(_LOCK_TIMEOUT_RC), "-w", f"{max(timeout, 0):g}", p,
+        # `--`: a relative path starting with '-' is the lock file, not one of flock's options.
+        argv = ("flock", "-x", "-E", str(_LOCK_TIMEOUT_RC), "-w", f"{max(timeout, 0):g}", "--", p,
                 "sh", "-c", "echo locked; exec cat >/dev/null")
         self.history.append(argv)
         chan = self._open_session()
         try:
-            chan.exec_command(self.command_line(argv))
+            self._bounded(chan, self._answer_limit(), f"the request to lock {path}",
+                          lambda: chan.exec_command(self.command_line(argv)))
             chan.settimeout(timeout + self._timeout_for(self._endpoint) + 5 if self._endpoint else timeout + 20)
             got = b""
             try:
@@ -1017,15 +1222,81 @@ class SSHTransport(Transport):
         except BaseException:
             chan.close()
             raise
+        # The lock lives as long as this connection: should it drop, the lock is gone, so until the
+        # with-block ends no operation may silently reconnect and go on as if it were still held.
+        with self._lock:
+            self._locks_held.append(path)
         try:
             yield
         finally:
+            with self._lock:
+                self._locks_held.remove(path)
             try:
                 chan.shutdown_write()
                 chan.status_event.wait(5)
             except Exception:
                 pass
             chan.close()
+
+
+def _open_new(sftp: paramiko.SFTPClient, path: str) -> paramiko.SFTPFile:
+    """sftp.open(path, "wbx"), but the file is created 0600: with no attributes the server creates
+    it 0666 & umask (0644), readable by others while the data is written, before the chmod to
+    the caller's mode."""
+    from paramiko.sftp import CMD_HANDLE, CMD_OPEN, SFTP_FLAG_CREATE, SFTP_FLAG_EXCL, SFTP_FLAG_TRUNC, SFTP_FLAG_WRITE
+
+    attrs = paramiko.SFTPAttributes()
+    attrs.st_mode = 0o600
+    t, msg = sftp._request(CMD_OPEN, sftp._adjust_cwd(path),
+                           SFTP_FLAG_WRITE | SFTP_FLAG_CREATE | SFTP_FLAG_TRUNC | SFTP_FLAG_EXCL, attrs)
+    if t != CMD_HANDLE:
+        raise paramiko.SFTPError("Expected handle")
+    return paramiko.SFTPFile(sftp, msg.get_binary(), "wb")
+
+
+def _local_user(target: str) -> str:
+    try:
+        return getpass.getuser()
+    except Exception:  # no $USER/$LOGNAME and a uid without a passwd entry (containers)
+        raise UsageError(f"cannot tell the local user name to log in to {target} as: give USER@HOST "
+                         f"or a User in the ssh_config") from None
+
+
+class _SocketAgent(paramiko.agent.AgentSSH):
+    """paramiko.Agent, for an agent socket named by IdentityAgent as well as $SSH_AUTH_SOCK."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            conn.connect(path)
+        except OSError:
+            conn.close()
+            return  # a dangling socket: the agent is gone (as paramiko.Agent: no keys)
+        try:
+            self._connect(conn)
+        except BaseException:
+            self._close()
+            raise
+
+    def close(self) -> None:
+        self._close()
+
+
+def _identity_agent(value: Optional[str]) -> Optional[str]:
+    """IdentityAgent as ssh(1) reads it: none, SSH_AUTH_SOCK (the default), $VAR or a path."""
+    if not value or value == "SSH_AUTH_SOCK":
+        return None
+    if value.lower() == "none":
+        return "none"
+    if value.startswith("$") and not value.startswith("${"):
+        return os.environ.get(value[1:]) or "none"  # ssh(1): an unset variable means no agent
+    return str(_expand(value))
+
+
+def _no_answer(exc: BaseException) -> bool:
+    """A timeout or a broken connection (for _sftp_errors to report), not an answer from the server."""
+    return isinstance(exc, (socket.timeout, TimeoutError, ConnectionError))
 
 
 def _public_blob(path: Path) -> Optional[bytes]:

@@ -465,3 +465,167 @@ def test_paramiko_logger_is_quiet_by_default() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
                          env={**env, "LINGJUN_DEBUG": "1"}).stdout
     assert out.strip() == "False"
+
+
+# --- review fixes: host names, Include, known_hosts file names, recording races -----------------
+def _hashed(kh: Path) -> None:
+    subprocess.run(["ssh-keygen", "-H", "-f", str(kh)], check=True, capture_output=True)
+    Path(f"{kh}.old").unlink()
+
+
+def test_host_names_are_lowercased_as_ssh_does(ssh_server: SSHServer, tmp_path: Path) -> None:
+    """ssh(1) lowercases the host (and HostKeyAlias) before hashing it: a mixed-case target must
+    find the hashed entry OpenSSH wrote, or accepting new keys would accept a changed one."""
+    cfg = tmp_path / "cfg"
+    cfg.write_text(f"Host *\n  User root\n  IdentityFile {ssh_server.client_key}\n  GlobalKnownHostsFile /dev/null\n"
+                   "Host aliased\n  HostName 127.0.0.1\n  HostKeyAlias Login-Node.Example\n")
+    kh = tmp_path / "kh"
+    # the recorded key of [localhost]:PORT is the jump host's: the server's own key is a change
+    kh.write_text(ssh_server.known_hosts_line(ssh_server.port, ssh_server.jump_host_key)
+                  .replace("[127.0.0.1]", "[localhost]")
+                  + ssh_server.known_hosts_line(ssh_server.port, ssh_server.jump_host_key)
+                  .replace(f"[127.0.0.1]:{ssh_server.port}", "login-node.example"))
+    _hashed(kh)
+    recorded = kh.read_text()
+    for host in (f"LocalHost:{ssh_server.port}", f"aliased:{ssh_server.port}"):
+        with pytest.raises(HostKeyError, match="HOST KEY MISMATCH"):
+            ssh_server.transport(host, ssh_config=cfg, known_hosts=kh, accept_new_host_key=True).run(["true"])
+    assert kh.read_text() == recorded  # nothing appended
+    # the right key, hashed for the lowercase name: found for the mixed-case target
+    kh.write_text(ssh_server.known_hosts_line(ssh_server.port, ssh_server.host_key).replace("[127.0.0.1]", "[localhost]"))
+    _hashed(kh)
+    recorded = kh.read_text()
+    with ssh_server.transport(f"LOCALHOST:{ssh_server.port}", ssh_config=cfg, known_hosts=kh) as t:
+        assert t.run(["true"]).returncode == 0
+    # a new key is recorded under the lowercase name
+    kh.write_text("")
+    with ssh_server.transport(f"LocalHost:{ssh_server.port}", ssh_config=cfg, known_hosts=kh,
+                              accept_new_host_key=True) as t:
+        t.run(["true"])
+    assert kh.read_text().startswith(f"[localhost]:{ssh_server.port} ssh-ed25519 ")
+    assert knownhosts.matches(recorded.split()[0], f"[LocalHost]:{ssh_server.port}")
+
+
+def test_ssh_config_include(ssh_server: SSHServer, tmp_path: Path, home: Path) -> None:
+    d = home / ".ssh" / "config.d"
+    d.mkdir(parents=True)
+    (d / "10-cluster.conf").write_text(block("included", ssh_server.port, ssh_server.client_key))
+    (d / "20-other.conf").write_text("Host other\n  HostName 127.0.0.2\n")
+    (tmp_path / "inner").write_text(f"  Port 2299\n  Include {tmp_path / 'innermost'}\n  ServerAliveInterval 9\n")
+    (tmp_path / "innermost").write_text("  User innermost-user\n")
+    cfg = tmp_path / "cfg"
+    cfg.write_text("Include config.d/*.conf\n"  # relative: under ~/.ssh; a glob, in sorted order
+                   "ConnectTimeout 7\n"  # still applies to every host after the Include
+                   f"Host porty\n  Include {tmp_path / 'inner'}\n  User porty-user\n"
+                   f"Host *\n  UserKnownHostsFile {ssh_server.known_hosts}\n  GlobalKnownHostsFile /dev/null\n")
+    with ssh_server.transport("included", ssh_config=cfg, known_hosts=None) as t:
+        assert t.run(["echo", "included"]).stdout == "included\n"
+        assert t._endpoint.connect_timeout == 7.0
+    other = ssh_server.transport("other", ssh_config=cfg)._resolve("other")
+    assert (other.hostname, other.connect_timeout) == ("127.0.0.2", 7.0)
+    porty = ssh_server.transport("porty", ssh_config=cfg)._resolve("porty")
+    assert (porty.port, porty.user, porty.keepalive_s, porty.connect_timeout) == (2299, "innermost-user", 9, 7.0)
+    # an included file with Host lines inside a Host block: refused, not misapplied to every host
+    (tmp_path / "blocks").write_text("Host *\n  StrictHostKeyChecking no\n")
+    cfg.write_text(f"Host trusted\n  Include {tmp_path / 'blocks'}\n")
+    with pytest.raises(UsageError, match="only supported in files included outside Host/Match blocks"):
+        ssh_server.transport("lingjun-test", ssh_config=cfg).run(["true"])
+    (tmp_path / "loop").write_text(f"Include {tmp_path / 'loop'}\n")
+    with pytest.raises(UsageError, match="nested more than 16"):
+        ssh_server.transport("lingjun-test", ssh_config=tmp_path / "loop").run(["true"])
+
+
+def test_user_known_hosts_file_tokens_are_expanded(ssh_server: SSHServer, tmp_path: Path) -> None:
+    """UserKnownHostsFile ~/.ssh/known_hosts.d/%k: read the file ssh(1) reads. A literal `%k` file
+    would not exist, and with accept-new a changed key would be accepted."""
+    khd = tmp_path / "kh.d"
+    khd.mkdir()
+    (khd / "lingjun-test").write_text(ssh_server.known_hosts_line(ssh_server.port, ssh_server.jump_host_key))
+    cfg = write_config(tmp_path / "cfg", ssh_server,
+                       f"Host lingjun-test\n  StrictHostKeyChecking accept-new\n  UserKnownHostsFile {khd}/%k\n")
+    from lingjun_slurm.transport.ssh import SSHTransport
+
+    with pytest.raises(HostKeyError, match=rf"HOST KEY MISMATCH .* {khd}/lingjun-test:1"):
+        SSHTransport("lingjun-test", ssh_config=cfg).run(["true"])
+    assert not (khd / "%k").exists()
+    (khd / "lingjun-test").write_text(ssh_server.known_hosts_line(ssh_server.port, ssh_server.host_key))
+    with SSHTransport("lingjun-test", ssh_config=cfg) as t:
+        assert t.run(["true"]).returncode == 0
+    cfg.write_text(cfg.read_text().replace("%k", "%h-%p-%r-%%"))
+    (khd / f"127.0.0.1-{ssh_server.port}-root-%").write_text(ssh_server.known_hosts_line(ssh_server.port, ssh_server.host_key))
+    with SSHTransport("lingjun-test", ssh_config=cfg) as t:
+        assert t.run(["true"]).returncode == 0
+    cfg.write_text(cfg.read_text().replace("%h-%p-%r-%%", "%Z"))
+    with pytest.raises(UsageError, match="unsupported token %Z"):
+        SSHTransport("lingjun-test", ssh_config=cfg).run(["true"])
+
+
+def test_known_hosts2_is_read_by_default(ssh_server: SSHServer, tmp_path: Path, home: Path) -> None:
+    (home / ".ssh").mkdir()
+    (home / ".ssh" / "known_hosts2").write_text(ssh_server.known_hosts_line(ssh_server.port, ssh_server.jump_host_key))
+    cfg = write_config(tmp_path / "cfg", ssh_server, "Host lingjun-test\n  StrictHostKeyChecking accept-new\n")
+    from lingjun_slurm.transport.ssh import SSHTransport
+
+    with pytest.raises(HostKeyError, match="known_hosts2:1"):
+        SSHTransport("lingjun-test", ssh_config=cfg).run(["true"])
+    assert not (home / ".ssh" / "known_hosts").exists()
+
+
+def test_accepting_a_key_rereads_known_hosts(ssh_server: SSHServer, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process records a (different) key while this one is connecting: the key is checked
+    against it, not appended beside it."""
+    kh = tmp_path / "kh"
+    kh.write_text(ssh_server.known_hosts_line(ssh_server.port, ssh_server.jump_host_key))
+    real_load = knownhosts.load
+    calls = []
+
+    def load(paths: object) -> list:
+        calls.append(1)
+        return [] if len(calls) == 1 else real_load(paths)  # the first read happens "before" the other process
+
+    monkeypatch.setattr(knownhosts, "load", load)
+    cfg = write_config(tmp_path / "cfg", ssh_server)
+    with pytest.raises(HostKeyError, match="HOST KEY MISMATCH"):
+        ssh_server.transport("lingjun-test", ssh_config=cfg, known_hosts=kh, accept_new_host_key=True).run(["true"])
+    assert kh.read_text().count("\n") == 1
+    calls.clear()
+    kh.write_text(ssh_server.known_hosts_line(ssh_server.port, ssh_server.host_key))
+    with ssh_server.transport("lingjun-test", ssh_config=cfg, known_hosts=kh, accept_new_host_key=True) as t:
+        t.run(["true"])
+    assert kh.read_text().count("\n") == 1  # already there: not recorded twice
+
+
+def test_invalid_dns_names_are_unreachable_not_a_traceback(ssh_server: SSHServer) -> None:
+    for host in ("a..b", "x" * 70 + ".example"):
+        with pytest.raises(HostUnreachable, match="not a valid DNS name") as info:
+            ssh_server.transport(host).run(["true"])
+        assert info.value.exit_code == 3
+
+
+def test_identity_agent_none_and_path(ssh_server: SSHServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """IdentityAgent none: the agent's keys are never offered to that host; a path: that agent."""
+    if not shutil.which("ssh-agent") or not shutil.which("ssh-add"):
+        pytest.skip("no ssh-agent")
+    sock = tmp_path / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        end = time.monotonic() + 5
+        while not sock.exists() and time.monotonic() < end:
+            time.sleep(0.01)
+        subprocess.run(["ssh-add", str(ssh_server.client_key)], env=dict(os.environ, SSH_AUTH_SOCK=str(sock)),
+                       check=True, capture_output=True, stdin=subprocess.DEVNULL, timeout=10)
+        cfg = tmp_path / "cfg"
+        head = (f"Host *\n  HostName 127.0.0.1\n  Port {ssh_server.port}\n  User root\n"
+                f"  IdentityFile {ssh_server.wrong_key}\n  GlobalKnownHostsFile /dev/null\n")
+        cfg.write_text(f"Host no-agent\n  IdentityAgent none\nHost by-path\n  IdentityAgent {sock}\n" + head)
+        monkeypatch.setenv("SSH_AUTH_SOCK", str(sock))
+        with pytest.raises(AuthFailed, match=r"IdentityAgent none") as info:
+            ssh_server.transport("no-agent", ssh_config=cfg).run(["true"])
+        assert "ssh-agent ssh-ed25519" not in str(info.value)  # only the wrong key was offered
+        monkeypatch.delenv("SSH_AUTH_SOCK")
+        with ssh_server.transport("by-path", ssh_config=cfg) as t:
+            assert t.run(["echo", "agent"]).stdout == "agent\n"
+    finally:
+        agent.terminate()
+        agent.wait(5)

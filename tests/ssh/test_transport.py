@@ -343,3 +343,175 @@ def test_connection_lost_mid_command_then_reconnects(ssh_server: SSHServer) -> N
         assert TransportError("x").exit_code == 1
         assert tr.run(["echo", "back"]).stdout == "back\n"  # the next use reconnects
         assert tr.connections == 2
+
+
+# --- review fixes -------------------------------------------------------------------------------
+def _kill_sshd_of(tr: Any) -> None:
+    """Kill the sshd process serving this transport's connection (from inside a command)."""
+    tr.run(["sh", "-c", 'p=$$; while [ "$(cat /proc/$p/comm)" != sshd ]; do p=$(cut -d" " -f4 /proc/$p/stat); done; '
+                        'kill -9 "$p"; sleep 5'])
+
+
+def test_write_atomic_and_put_temp_files_are_private_while_written(t: Any, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The data must never sit in a temp file others can read (the server's default 0666 & umask)."""
+    import paramiko
+
+    seen: list[int] = []
+    real_write = paramiko.SFTPFile.write
+
+    def write(self: Any, data: bytes) -> None:
+        seen.extend(stat.S_IMODE(p.stat().st_mode) for p in tmp_path.glob(".*.tmp.*"))
+        real_write(self, data)
+
+    monkeypatch.setattr(paramiko.SFTPFile, "write", write)
+    t.write_atomic(str(tmp_path / "secret"), b"s" * 100, 0o600)
+    src = tmp_path / "local"
+    src.write_bytes(b"k" * 100)
+    src.chmod(0o600)
+    t.put(src, str(tmp_path / "uploaded"))
+    t.write_atomic(str(tmp_path / "public"), b"p", 0o644)
+    assert seen and set(seen) == {0o600}, seen
+    assert [stat.S_IMODE(os.stat(tmp_path / n).st_mode) for n in ("secret", "uploaded", "public")] == [0o600, 0o600, 0o644]
+
+
+def test_lock_lost_with_the_connection_is_never_silently_reconnected(ssh_server: SSHServer, tmp_path: Path) -> None:
+    path = str(tmp_path / "l")
+    with ssh_server.transport() as tr:
+        with pytest.raises(TransportError, match=r"lost while holding the lock .*/l there"):
+            with tr.lock(path, timeout=5):
+                with pytest.raises(TransportError, match="lost while running"):
+                    _kill_sshd_of(tr)
+                tr.run(["true"])  # would reconnect and go on as if the lock were still held
+        assert tr.connections == 1
+        assert tr.run(["echo", "back"]).stdout == "back\n"  # outside the block: reconnects
+        with tr.lock(path, timeout=5):  # and the lock really was released
+            pass
+        assert tr.connections == 2
+
+
+def test_lock_path_starting_with_a_dash_is_the_lock_file(t: Any) -> None:
+    name = f"-lingjun-test-lock-{os.getpid()}"
+    home = Path(t.home())
+    try:
+        with t.lock(name, timeout=5):  # relative: under the remote home
+            assert (home / name).exists()
+        assert not (home / "sh").exists()  # flock took `-...` for options and locked "sh"
+    finally:
+        (home / name).unlink(missing_ok=True)
+
+
+def test_sftp_protocol_errors_and_timeouts_are_transport_errors(ssh_server: SSHServer, t: Any,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    import paramiko
+
+    def bad(*a: Any, **kw: Any) -> None:
+        raise paramiko.SFTPError("Expected handle")
+
+    monkeypatch.setattr(t._sftp_client(), "_request", bad)
+    with pytest.raises(TransportError, match="SFTP protocol error"):
+        t.read_bytes("/etc/hostname")
+    assert t.read_bytes("/etc/hostname")  # a fresh SFTP session
+
+    def slow(*a: Any, **kw: Any) -> None:
+        raise TimeoutError(110, "Connection timed out")
+
+    with ssh_server.transport(command_timeout=None) as tr:
+        monkeypatch.setattr(tr._sftp_client(), "_request", slow)
+        with pytest.raises(TransportError, match="timed out"):
+            tr.read_bytes("/etc/hostname")
+
+    def closed(self: Any, command: str) -> None:
+        raise paramiko.SSHException("Channel closed.")
+
+    monkeypatch.setattr(paramiko.Channel, "exec_command", closed)
+    with pytest.raises(TransportError, match="request to lock"):
+        with t.lock(str(Path(t.home()) / f".lingjun-test-lock-{os.getpid()}"), timeout=1):
+            pass
+    with pytest.raises(TransportError, match="request to run true"):
+        t.run(["true"])
+
+
+def test_sftp_start_is_bounded_on_a_server_that_never_answers(ssh_server: SSHServer, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server whose sftp never answers the version exchange (a home on a hung NFS server):
+    paramiko's from_transport would wait for ever."""
+    import socket as _socket
+    import subprocess
+
+    from lingjun_slurm.transport.ssh import SSHTransport
+    from tests.ssh.fixtures import SSHD, free_ports
+
+    (port,) = free_ports(1, 17400)
+    cfg = ssh_server._server_config("sshd-hung-sftp", port, ssh_server.host_key, "ERROR")
+    cfg.write_text(cfg.read_text().replace("Subsystem sftp internal-sftp", "Subsystem sftp /bin/sleep 600"))
+    proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(cfg)], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            with _socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.02)
+        kh = tmp_path / "kh"
+        kh.write_text(ssh_server.known_hosts_line(port, ssh_server.host_key))
+        monkeypatch.setattr(SSHTransport, "_answer_limit", lambda self: 1.0)
+        client_cfg = tmp_path / "cfg"
+        client_cfg.write_text(f"Host hung\n  HostName 127.0.0.1\n  Port {port}\n  User root\n"
+                              f"  IdentityFile {ssh_server.client_key}\n  GlobalKnownHostsFile /dev/null\n")
+        with ssh_server.transport("hung", ssh_config=client_cfg, known_hosts=kh) as tr:
+            assert tr.run(["echo", "ok"]).stdout == "ok\n"
+            started = time.monotonic()
+            with pytest.raises(TransportError, match="cannot start SFTP .* no answer within 1 s"):
+                tr.read_bytes("/etc/hostname")
+            assert time.monotonic() - started < 5
+    finally:
+        proc.terminate()
+        proc.wait(5)
+
+
+def test_relative_cwd_is_under_the_home_never_found_through_cdpath(tmp_path: Path) -> None:
+    import subprocess
+
+    from lingjun_slurm.transport.ssh import SSHTransport
+
+    (tmp_path / "home" / "runs").mkdir(parents=True)
+    (tmp_path / "elsewhere" / "runs" / "x").mkdir(parents=True)
+    line = SSHTransport.command_line(("pwd",), cwd="runs/x")
+    r = subprocess.run(["sh", "-c", line], cwd=tmp_path / "home", capture_output=True, text=True,
+                       env={**os.environ, "CDPATH": str(tmp_path / "elsewhere")})
+    assert r.returncode == 126 and r.stdout == ""  # not elsewhere/runs/x (which cd would also print)
+
+
+def test_run_timeout_is_124_when_the_program_ignores_sigterm(t: Any) -> None:
+    started = time.monotonic()
+    r = t.run(["sh", "-c", "trap '' TERM; echo partial; sleep 30"], timeout=0.5)
+    assert r.returncode == 124 and "timed out after 0.5 s" in r.stderr and r.stdout == "partial\n"
+    assert time.monotonic() - started < 10  # SIGKILL REMOTE_KILL_GRACE_S after the SIGTERM
+    killed = t.run(["sh", "-c", "kill -9 $$"], timeout=30)  # a real signal death, well within the timeout
+    assert killed.returncode == 255 and "timed out" not in killed.stderr
+
+
+def test_exists_and_size_raise_on_timeouts_instead_of_saying_missing(ssh_server: SSHServer, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket as _socket
+
+    (tmp_path / "f").write_text("x")
+    with ssh_server.transport() as tr:
+        assert tr.exists(str(tmp_path / "f")) and tr.size(str(tmp_path / "f")) == 1
+
+        def no_answer(*a: Any, **kw: Any) -> None:
+            raise _socket.timeout("timed out")
+
+        monkeypatch.setattr(tr._sftp_client(), "_request", no_answer)
+        with pytest.raises(TransportError, match="no answer within"):
+            tr.exists(str(tmp_path / "f"))
+        monkeypatch.setattr(tr._sftp_client(), "_request", no_answer)
+        with pytest.raises(TransportError, match="no answer within"):
+            tr.size(str(tmp_path / "f"))
+        monkeypatch.setattr(tr._sftp_client(), "_request", no_answer)
+        with pytest.raises(TransportError, match="no answer within"):
+            tr.listdir(str(tmp_path))
+        assert tr.exists(str(tmp_path / "f")) and not tr.exists(str(tmp_path / "missing"))
+        assert tr.size(str(tmp_path / "missing")) is None and tr.listdir(str(tmp_path)) == ["f"]
