@@ -80,7 +80,11 @@ def build_wheel() -> tuple[str, bytes]:
 def wheel_members(name: str, data: bytes) -> list[tuple[str, bytes]]:
     """The files a wheel installs into site-packages (purelib/platlib only), refusing unsafe names."""
     out = []
-    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+    try:
+        zf = zipfile.ZipFile(io.BytesIO(data))
+    except zipfile.BadZipFile as exc:
+        raise UsageError(f"{name}: not a wheel (a zip file): {exc}") from None
+    with zf:
         for item in zf.infolist():
             if item.is_dir():
                 continue
@@ -143,17 +147,32 @@ def ship(t: Transport, run_dir: str, extra_wheels: list[str], *, unpack_remotely
     unpack_remotely: unpack with one python3 command on the host (default: for every transport
     but the local one); on failure the files are written one by one.
     """
+    return upload(t, run_dir, collect(extra_wheels), unpack_remotely=unpack_remotely)
+
+
+def collect(extra_wheels: list[str]) -> list[tuple[str, bytes, list[tuple[str, bytes]]]]:
+    """(name, bytes, members) of every wheel to ship, all read and checked here before anything is
+    written anywhere: a missing, unreadable or unsafe wheel is a UsageError (exit 2) that leaves no
+    half-written run directory behind (on a cluster, nothing this machine could clean up later)."""
     wheels = [build_wheel()]
     for wheel in extra_wheels:
         path = Path(wheel)
         if not path.is_file() or path.suffix != ".whl":
             raise UsageError(f"run.ship_wheels: {wheel} is not a wheel file on this machine")
-        wheels.append((path.name, path.read_bytes()))
+        try:
+            wheels.append((path.name, path.read_bytes()))
+        except OSError as exc:
+            raise UsageError(f"run.ship_wheels: cannot read {wheel}: {exc.strerror}") from None
+    return [(name, data, wheel_members(name, data)) for name, data in wheels]
+
+
+def upload(t: Transport, run_dir: str, wheels: list[tuple[str, bytes, list[tuple[str, bytes]]]], *,
+           unpack_remotely: Optional[bool] = None) -> list[str]:
+    """Write collected wheels to <run_dir>/wheels and unpack them into <run_dir>/site."""
     remote = t.kind != "local" if unpack_remotely is None else unpack_remotely
     t.mkdir(f"{run_dir}/wheels")
     site = f"{run_dir}/site"
-    for name, data in wheels:
-        members = wheel_members(name, data)  # refuses unsafe names before anything is written
+    for name, data, members in wheels:
         wheel_path = f"{run_dir}/wheels/{name}"
         t.write_atomic(wheel_path, data)
         if remote:
@@ -166,4 +185,4 @@ def ship(t: Transport, run_dir: str, extra_wheels: list[str], *, unpack_remotely
             t.mkdir(f"{site}/{directory}")
         for member, content in members:
             t.write_atomic(f"{site}/{member}", content)
-    return [name for name, _ in wheels]
+    return [name for name, _data, _members in wheels]

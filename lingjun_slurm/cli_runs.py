@@ -203,12 +203,14 @@ def _stale(entries: list["IndexEntry"], host: str) -> list["RunStatus"]:
     runs = []
     for e in entries:
         seen = mirror.load_status(e.run_id)
+        m = mirror.load_manifest(e.run_id)
         if seen is not None:
             as_of, doc = seen
             run = RunStatus.from_json(doc, e.run_dir)
             run.stale_as_of = as_of
+            if m is not None:
+                _reconcile(run, m, as_of)
         else:
-            m = mirror.load_manifest(e.run_id)
             if m is None:
                 click.echo(f"warning: run {e.run_id}: {host} is unreachable and there is no local copy", err=True)
                 continue
@@ -219,6 +221,35 @@ def _stale(entries: list["IndexEntry"], host: str) -> list["RunStatus"]:
         run.host = host
         runs.append(run)
     return runs
+
+
+def _reconcile(run: "RunStatus", m: "Manifest", as_of: float) -> None:
+    """The last status seen here, less what this machine changed since (cancel, resubmit): such stages
+    are UNKNOWN with the record's current job ids, never an old state under old job ids."""
+    from .status import ACTIVE, StageStatus
+
+    later: dict[str, str] = {}
+    for ev in m.events:
+        try:
+            at = float(ev.get("at", 0))
+        except (TypeError, ValueError):
+            continue
+        if at > as_of and ev.get("event") in ("cancel", "resubmit"):
+            for name in ev.get("stages") or []:
+                later[str(name)] = str(ev["event"])
+    seen = {s.name: s for s in run.stages}
+    stages = []
+    for rec in m.stages:
+        s = seen.get(rec.name)
+        changed = rec.name in later and (later[rec.name] != "cancel" or s is None or s.state in ACTIVE)
+        if s is not None and s.job_ids == list(rec.job_ids) and not changed:
+            stages.append(s)  # a cancel does not touch a stage that had already ended
+            continue
+        what = later.get(rec.name, "resubmit")
+        stages.append(StageStatus(rec.name, list(rec.job_ids), "UNKNOWN",
+                                  f"{what} from here after the last status seen; host unreachable",
+                                  None, None, None, 0))
+    run.stages = stages
 
 
 def _print_status(refs: list[str], as_json: bool, conns: Optional[Connections] = None,

@@ -67,6 +67,26 @@ class ClusterConfig(Strict):
     accept_new_host_key: bool = Field(
         default=False, description="Accept and record an unknown host key (as --accept-new-host-key).")
 
+    @field_validator("port", mode="before")
+    @classmethod
+    def _not_a_bool(cls, value: Any) -> Any:
+        if isinstance(value, bool):  # YAML's `port: true` would otherwise be port 1
+            raise ValueError(f"expected a port number 1..65535; got {value!r}")
+        return value
+
+    @field_validator("host")
+    @classmethod
+    def _a_target(cls, value: str) -> str:
+        """The transport's own parser decides: a host it would refuse later is refused here, with its line."""
+        from .transport.target import parse_target
+
+        try:
+            parse_target(value)
+        except UsageError:
+            raise ValueError(f"expected a host name, an IPv4 address or an ~/.ssh/config alias that ends in a "
+                             f"letter, digit or '_'; got {value!r}") from None
+        return value
+
     @field_validator("network_profile")
     @classmethod
     def _known_profile(cls, value: Optional[str]) -> Optional[str]:
@@ -233,8 +253,17 @@ def cluster_defaults(cfg: Optional[ClusterConfig]) -> dict[str, str]:
 def _unset(data: dict[str, Any], path: str) -> bool:
     """Does the spec leave this field to the cluster? (A network with an instance_type is set.)"""
     if path == "cluster.network.profile":
-        net = (data.get("cluster") or {}).get("network") if isinstance(data.get("cluster"), dict) else None
-        return not (isinstance(net, dict) and (net.get("profile") or net.get("instance_type")))
+        cluster = data.get("cluster")
+        if cluster is None:
+            return True
+        if not isinstance(cluster, dict):
+            return False  # a wrong shape: leave it to validation to report
+        net = cluster.get("network")
+        if net is None:
+            return True
+        if not isinstance(net, dict):
+            return False
+        return not (net.get("profile") or net.get("instance_type"))
     cur: Any = data
     for part in path.split("."):
         if not isinstance(cur, dict):

@@ -190,7 +190,7 @@ class StatusCollector:
         out = []
         for m in manifests:
             if m.executor == "local":
-                out.append(local_status(m))
+                out.append(local_status(m, self.t))
                 continue
             run = RunStatus(m.run_id, m.name, m.executor, m.transport.host, run_dir=m.run_dir)
             for rec in m.stages:
@@ -259,15 +259,25 @@ def _dedupe(infos: list[JobInfo]) -> list[JobInfo]:
     return list(best.values())
 
 
-def local_status(m: Manifest) -> RunStatus:
-    from .executors.local import pid_alive, read_state
+def local_status(m: Manifest, transport: Optional[Transport] = None) -> RunStatus:
+    """A local-executor run from its local-state.json; read over the transport when the run lives on another host
+    (a run directory adopted with `status DIR --host H`), where its process ids mean nothing here."""
+    from .executors.local import STATE_FILE, LocalState, pid_alive, read_state
 
     run = RunStatus(m.run_id, m.name, m.executor, m.transport.host, run_dir=m.run_dir)
-    state = read_state(m.run_dir)
+    remote = transport is not None and transport.kind != "local"
+    if transport is not None and remote:
+        try:
+            state: Optional[LocalState] = LocalState.from_json(
+                transport.read_text(f"{m.run_dir.rstrip('/')}/{STATE_FILE}"))
+        except FileNotFoundError:
+            state = None
+    else:
+        state = read_state(m.run_dir)
     import socket
 
     # Process ids only mean something on the host that ran the chain; elsewhere trust the record.
-    elsewhere = state is not None and state.host != socket.gethostname()
+    elsewhere = state is not None and (remote or state.host != socket.gethostname())
     runner_alive = state is not None and (elsewhere or pid_alive(state.runner_pid, state.runner_start))
     now = time.time()
     for rec in m.stages:

@@ -140,14 +140,28 @@ def write_run_dir(t: Transport, prep: Prepared, *, new: bool = False) -> None:
         mirror.save_files(prep.plan.run_id, dict(files))
 
 
-def ship_code(t: Transport, prep: Prepared) -> list[str]:
-    """Wheels of this lingjun_slurm (+ run.ship_wheels) into the run directory, for built-in stages."""
+Wheels = list[tuple[str, bytes, list[tuple[str, bytes]]]]
+
+
+def code_to_ship(prep: Prepared) -> Wheels:
+    """The wheels of this lingjun_slurm (+ run.ship_wheels) for built-in stages, read and checked here
+    (UsageError) before the run directory is written: a bad wheel leaves nothing behind."""
     spec = prep.loaded.spec
     if not spec.run.ship_code or all(st.kind == "command" for st in prep.plan.stages):
         return []
-    from .bundle import ship
+    from .bundle import collect
 
-    return ship(t, prep.run_dir, list(spec.run.ship_wheels))
+    return collect(list(spec.run.ship_wheels))
+
+
+def ship_code(t: Transport, prep: Prepared, wheels: Optional[Wheels] = None) -> list[str]:
+    """Upload and unpack the wheels (code_to_ship's, collected now unless given) into the run directory."""
+    wheels = code_to_ship(prep) if wheels is None else wheels
+    if not wheels:
+        return []
+    from .bundle import upload
+
+    return upload(t, prep.run_dir, wheels)
 
 
 def stage_record(st: StagePlan) -> StageRecord:
@@ -258,8 +272,9 @@ def submit_slurm(t: Transport, prep: Prepared, index: RunIndex, echo: Echo) -> M
     info = sched.cluster_info()
     cluster = ClusterRecord(name=info.name, slurm_version=info.slurm_version, accounting=info.accounting,
                             jobcomp_type=info.jobcomp_type, jobcomp_loc=info.jobcomp_loc)
+    wheels = code_to_ship(prep)  # a bad run.ship_wheels stops here, before anything is written
     write_run_dir(t, prep, new=True)
-    shipped = ship_code(t, prep)
+    shipped = ship_code(t, prep, wheels)
     manifest = new_manifest(t, prep, "slurm", cluster)
     manifest.shipped = shipped
     save_manifest(t, manifest)
@@ -328,8 +343,9 @@ def resubmit_slurm(t: Transport, run_dir: str, stage: str, state_of: Callable[[s
                              f"depends on it: use `resubmit {manifest.run_id} --from {rec.name}`")
     active_old = {n: manifest.stage(n).job_ids for n in names if state_of(n) in ACTIVE}
     sched = SlurmCLI(t)
+    wheels = code_to_ship(prep)
     write_run_dir(t, prep)
-    shipped = ship_code(t, prep)
+    shipped = ship_code(t, prep, wheels)
     with locked_manifest(t, run_dir) as manifest:
         manifest.shipped = shipped
         now = round(time.time(), 3)

@@ -34,11 +34,13 @@ from .queue import QueueReader
 PROBE_TIMEOUT_S = 10.0
 DEFAULT_CONFS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf")
 # Runs in the child: the only place pyslurm is imported before it is known to be safe.
+# It prints the version and the file it imported: `python -c` puts the working directory first on
+# sys.path, so the child could import another pyslurm than this process would (checked in _detect).
 PROBE = ("import sys\n"
          "import pyslurm\n"
          "v = getattr(pyslurm, 'version', None)\n"
          "v = v() if callable(v) else getattr(pyslurm, '__version__', '')\n"
-         "sys.stdout.write(str(v))\n")
+         "sys.stdout.write(str(v).replace('\\n', ' ') + '\\n' + str(getattr(pyslurm, '__file__', '') or ''))\n")
 _VERSION_RE = re.compile(r"^\s*(\d+)\.(\d+)")
 
 
@@ -85,8 +87,28 @@ def detect(cluster_version: str, *, python: Optional[str] = None, timeout: float
     return _cache[key]
 
 
+def _here() -> Optional[str]:
+    """The file `import pyslurm` would load in this process (without importing it), or None."""
+    loaded = sys.modules.get("pyslurm")
+    if loaded is not None:
+        return getattr(loaded, "__file__", None) or ""
+    try:
+        spec = importlib.util.find_spec("pyslurm")
+    except (ImportError, ValueError):
+        return None
+    return None if spec is None else (spec.origin or "")
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
 def _detect(cluster_version: str, conf: str, python: str, timeout: float) -> Detection:
-    if "pyslurm" not in sys.modules and importlib.util.find_spec("pyslurm") is None:
+    here = _here()
+    if here is None:
         return Detection(False, "pyslurm is not installed")
     want = major_minor(cluster_version)
     if want is None:
@@ -103,7 +125,11 @@ def _detect(cluster_version: str, conf: str, python: str, timeout: float) -> Det
         return Detection(False, f"cannot start the probe process ({exc.strerror})")
     if proc.returncode != 0:
         return Detection(False, _describe_exit(proc.returncode, proc.stderr))
-    version = proc.stdout.strip()
+    version, _, probed = proc.stdout.partition("\n")
+    version, probed = version.strip(), probed.strip()
+    if not (here and probed and _same_file(here, probed)):
+        return Detection(False, f"the probe process imported pyslurm from {probed or '?'}, but this process "
+                                f"would import {here or '?'} (a pyslurm in the working directory?)")
     got = major_minor(version)
     if got is None:
         return Detection(False, f"pyslurm reports no readable version ({version[:40]!r})")

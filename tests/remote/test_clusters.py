@@ -212,3 +212,30 @@ def test_dry_run_with_a_cluster_shows_the_defaults_and_connects_nowhere(clusters
     proc = cli("submit", str(spec), "--cluster", "x", "--dry-run", env={**env, "LINGJUN_CLUSTERS": str(bad)}, check=2)
     assert f"{bad}:3: clusters.x.hots: unknown field" in proc.stderr
     assert f"{bad}:2: clusters.x.host: required field is missing" in proc.stderr
+
+
+@pytest.mark.parametrize("host", ["login.example.com.", "login-", "a."])
+def test_a_host_the_ssh_transport_refuses_is_refused_in_clusters_yaml_with_its_line(host: str) -> None:
+    """clusters.yaml's check and --host's parser agree: no host passes the file only to fail at connect time
+    with a message that names neither the file nor the line."""
+    with pytest.raises(ClustersFileError) as err:
+        parse_clusters(f"clusters:\n  x:\n    host: {host!r}\n", "/c.yaml")
+    assert err.value.exit_code == 2 and "/c.yaml:3: clusters.x.host:" in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("cluster", ["gpu", "[1]", "{network: tcp}", "{network: [tcp]}"])
+def test_a_misshapen_cluster_block_with_a_default_profile_is_a_spec_error(cluster: str) -> None:
+    """The clusters.yaml network profile must not crash on a spec whose cluster/network is not a mapping:
+    the spec's own validation reports it (file, line, exit 2), not an internal error."""
+    text = spec_text(run__workdir="/w").replace("container:", f"cluster: {cluster}\ncontainer:", 1)
+    with pytest.raises(SpecError) as err:
+        parse_spec_with_defaults(text, "s.yaml", {"cluster.network.profile": "tcp",
+                                                  "cluster.defaults.partition": "gpu"})
+    assert err.value.exit_code == 2 and "s.yaml:" in str(err.value) and "cluster" in str(err.value)
+
+
+def test_port_true_is_not_port_1() -> None:
+    with pytest.raises(ClustersFileError) as err:
+        parse_clusters("clusters:\n  x:\n    host: h\n    port: true\n", "/c.yaml")
+    assert "/c.yaml:4: clusters.x.port: expected a port number" in str(err.value)
+    assert parse_clusters("clusters:\n  x:\n    host: h\n    port: 2222\n", "/c.yaml").clusters["x"].port == 2222

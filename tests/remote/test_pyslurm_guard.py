@@ -212,3 +212,27 @@ def test_job_records_map_like_squeue(attrs: dict, want: tuple) -> None:  # type:
     job = type("J", (), {"name": "n", **attrs})()
     info = job_info(job, "pyslurm")
     assert (info.job_id, info.state, info.exit_code) == want
+
+
+def test_the_probe_must_have_imported_the_pyslurm_this_process_would(tmp_path: Path) -> None:
+    """`python -c` puts the working directory first on sys.path; the installed CLI (a console script) does
+    not. A harmless pyslurm in the working directory must not vouch for a different one on the path
+    that aborts its importer: the guard compares the files and falls back to squeue/sacct."""
+    import subprocess
+    import sys
+
+    env = make_run(tmp_path)
+    deadly = fake_pyslurm(tmp_path / "installed", on_import="import os\nos.abort()\n")
+    cwd = tmp_path / "cwd"
+    fake_pyslurm(cwd)  # a checkout with a pyslurm/ that imports fine and has the right version
+    bin_dir = fake_slurm_bin(tmp_path / "bin")
+    launcher = tmp_path / "scripts" / "lingjun-slurm"  # as the console script runs: sys.path[0] is its directory
+    launcher.parent.mkdir()
+    launcher.write_text("import sys\nfrom lingjun_slurm.cli import main\nsys.exit(main())\n")
+    full = {k: v for k, v in os.environ.items() if not k.startswith("LINGJUN")}
+    full.update(env, PYTHONPATH=str(deadly), PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    proc = subprocess.run([sys.executable, str(launcher), "status", RUN, "--json", "--verbose"], cwd=cwd, env=full,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr)  # -6 (SIGABRT) when the guard was fooled
+    assert "the probe process imported pyslurm from" in proc.stderr, proc.stderr
+    assert slurm_calls(env) == ["squeue", "sacct"]

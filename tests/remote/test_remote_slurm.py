@@ -439,3 +439,49 @@ def test_nccl_test_on_a_cluster_from_clusters_yaml(laptop: Laptop) -> None:
     proc = laptop.cli("nccl-test", "--report", "relative/dir", "--host", "lingjun-test", check=2)
     assert "absolute paths on the cluster" in proc.stderr
     laptop.assert_no_secrets()
+
+
+def test_sbatch_failing_at_stage_two_over_ssh_rolls_back_on_the_cluster(laptop: Laptop) -> None:
+    """All-or-nothing over SSH: the held job of stage one is cancelled with scancel on the login node, the
+    remote manifest and the local copy both say "failed", and no stage ever ran."""
+    ran = laptop.root / "ran"
+    path = spec(laptop, "rollback", [
+        {"name": "one", "command": f"touch {ran}"},
+        {"name": "two", "command": "true", "resources": {"partition": "nosuchpartition"}},
+        {"name": "three", "command": f"touch {ran}"},
+    ])
+    proc, logins = laptop.counted("submit", str(path), "--host", "lingjun-test", check=1)
+    assert logins == 1
+    assert "failed at stage two" in proc.stderr and "invalid partition" in proc.stderr.lower()
+    assert "cancelled the 1 held job(s)" in proc.stderr
+    run_dir = next((laptop.workdir / "runs").iterdir())
+    remote = json.loads((run_dir / "manifest.json").read_text())
+    assert remote["state"] == "failed" and remote["events"][-1]["event"] == "submit-failed"
+    mirror = json.loads((laptop.root / "state" / "runs" / run_dir.name / "manifest.json").read_text())
+    assert mirror["state"] == "failed" and mirror["events"] == remote["events"]
+    stages = laptop.status(run_dir.name)
+    assert stages["one"]["state"] == "CANCELLED" and stages["two"]["state"] == "NOT_SUBMITTED"
+    time.sleep(3)  # a released job would have been scheduled by now
+    assert not ran.exists() and laptop.local_slurm_calls() == ""
+
+
+def test_a_bad_ship_wheel_leaves_nothing_on_the_cluster_or_here(laptop: Laptop) -> None:
+    """run.ship_wheels is read and checked before the run directory is written: exit 2, and neither a
+    half-written run directory on the cluster nor an orphaned local copy (that `forget` could not reach)."""
+    not_zip = laptop.root / "broken-1.0-py3-none-any.whl"
+    not_zip.write_text("not a zip")
+    for wheel, words in ((laptop.root / "missing-1.0-py3-none-any.whl", "is not a wheel file"),
+                         (not_zip, "not a wheel (a zip file)")):
+        path = laptop.root / "badwheel.yaml"  # a built-in stage, so code is shipped
+        path.write_text(yaml.safe_dump({
+            "version": 1, "run": {"name": "badwheel", "workdir": str(laptop.workdir), "ship_wheels": [str(wheel)]},
+            "cluster": {"network": {"profile": "tcp"}, "defaults": {"partition": "cpu", "time": "00:05:00"}},
+            "container": {"runtime": "none"},
+            "data": {"inputs": [str(laptop.root / "none-*.jsonl")], "tokenizer": {"type": "null", "vocab_size": 512}},
+            "stages": {"train": {"skip": True}, "checkpoint": {"skip": True}}}))
+        proc = laptop.cli("submit", str(path), "--host", "lingjun-test", check=2)
+        assert words in proc.stderr and wheel.name in proc.stderr
+        assert not (laptop.workdir / "runs").exists() or list((laptop.workdir / "runs").iterdir()) == []
+        assert not (laptop.root / "state" / "runs").exists() or list((laptop.root / "state" / "runs").iterdir()) == []
+    assert laptop.local_slurm_calls() == ""
+
