@@ -17,16 +17,13 @@ from __future__ import annotations
 import os
 import secrets
 import shlex
-import signal
-import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from types import FrameType
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from . import __version__
-from .errors import CommandError, LingjunError, SubmitError, TransportError, UsageError
+from .errors import LingjunError, SubmitError, UsageError
+from .interrupts import signals_interrupt
 from .plan import Plan, StagePlan, build_plan
 from .render import render_plan
 from .runs.index import RunIndex, entry_for
@@ -180,24 +177,6 @@ def new_manifest(t: Transport, prep: Prepared, executor: str, cluster: ClusterRe
         run_dir=prep.run_dir, log_dir=prep.plan.log_dir, stages=[stage_record(st) for st in prep.plan.stages])
 
 
-@contextmanager
-def _signals_interrupt() -> Iterator[None]:
-    """During submission SIGTERM and SIGHUP (a closed terminal or SSH session) roll back like Ctrl-C."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, _frame: Optional[FrameType]) -> None:
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    old = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
-
-
 def submit_stages(sched: SlurmCLI, manifest: Manifest, stages: list[StagePlan], known: dict[str, list[str]],
                   echo: Echo, replaces: Optional[dict[str, list[str]]] = None) -> list[str]:
     """Submit stages held, in order, then release them; on any failure cancel what this call queued.
@@ -210,7 +189,7 @@ def submit_stages(sched: SlurmCLI, manifest: Manifest, stages: list[StagePlan], 
     roots: list[str] = []
     job_ids = dict(known)
     current: Optional[StagePlan] = None
-    with _signals_interrupt():
+    with signals_interrupt():
         try:
             for st in stages:
                 current = st

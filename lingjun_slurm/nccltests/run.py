@@ -7,14 +7,12 @@ when the cluster has accounting), then in the start/end markers each script writ
 
 from __future__ import annotations
 
-import signal
-import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional
+from typing import Callable, Optional
 
 from ..errors import CommandError, LingjunError, SubmitError
+from ..interrupts import signals_interrupt
 from ..slurm.client import SlurmCLI
 from ..slurm.parse import JobInfo
 from ..status import ACTIVE
@@ -27,25 +25,6 @@ STUCK_REASONS = ("ReqNodeNotAvail", "PartitionNodeLimit", "PartitionConfig", "Pa
                  "BadConstraints", "InvalidAccount", "InvalidQOS", "AssocGrp", "AssocMax", "QOSMax", "Nodes_required")
 GONE_POLLS = 3  # polls a job may be missing everywhere before it is reported UNKNOWN
 QUEUE_FAILURES = 5  # consecutive failed squeue polls (a busy slurmctld times out) before giving up
-
-
-@contextmanager
-def _signals_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise KeyboardInterrupt, as Ctrl-C does, while jobs are submitted or waited
-    for, so that they are cancelled (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    saved = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
 
 
 @dataclass(frozen=True)
@@ -72,7 +51,7 @@ def submit_all(sched: SlurmCLI, scripts: list[tuple[str, str, str]]) -> list[Job
     """sbatch each (script, directory, label); all or nothing: a failure cancels what was queued."""
     jobs: list[Job] = []
     try:
-        with _signals_interrupt():
+        with signals_interrupt():
             for script, directory, label in scripts:
                 jobs.append(Job(sched.submit(script, cwd=directory, hold=False), label, directory))
     except BaseException as exc:
@@ -110,7 +89,7 @@ class Waiter:
         is left running unwatched."""
         ids = [j.job_id for j in jobs]
         try:
-            with _signals_interrupt():
+            with signals_interrupt():
                 return self._wait(jobs)
         except KeyboardInterrupt:
             why = "interrupted"

@@ -7,7 +7,6 @@ import logging
 import os
 import sys
 import time
-from typing import Any
 
 from . import TrainError
 from .settings import TrainSettings

@@ -185,7 +185,7 @@ class SSHTransport(Transport):
 
     def _sftp_client(self) -> paramiko.SFTPClient:
         with self._lock:
-            t = self._ensure()
+            self._ensure()
             if self._sftp is None or self._sftp.get_channel() is None or self._sftp.get_channel().closed:
                 # Not SFTPClient.from_transport: its channel open, subsystem request and version
                 # exchange wait without a limit (an hour, or for ever) on a server that hangs, as
