@@ -127,12 +127,10 @@ def spec(laptop: Laptop, name: str, commands: list[dict[str, Any]], workdir: Opt
     return chain_spec(specs / f"{name}.yaml", workdir or laptop.workdir, commands, name=name)
 
 
-def test_submit_status_logs_over_one_connection_each(laptop: Laptop, slurm_cluster: Any) -> None:
+def test_submit_status_logs_over_one_connection_each(laptop: Laptop) -> None:
     path = spec(laptop, "remote", [{"name": "a", "command": "echo stage a on $(hostname)"},
                                    {"name": "b", "command": 'echo "b ran in $PWD"'}])
-    started = time.monotonic()
     proc, logins = laptop.counted("submit", str(path), "--host", "lingjun-test")
-    remote_s = time.monotonic() - started
     run_id = submitted_run_id(proc.stdout)
     assert logins == 1, f"submit opened {logins} SSH connections"
     assert f"on lingjun-test ({2} stages" in proc.stdout
@@ -165,16 +163,6 @@ def test_submit_status_logs_over_one_connection_each(laptop: Laptop, slurm_clust
     proc = laptop.cli("status", str(run_dir), "--host", "lingjun-test")
     assert f"added run {run_id}" in proc.stderr and "COMPLETED" in proc.stdout
     assert (mirror / "manifest.json").is_file() and run_id in laptop.cli("list", "--host", "lingjun-test").stdout
-
-    # The same spec submitted on the cluster itself (local transport), for the latency comparison.
-    local_spec = spec(laptop, "local", [{"name": "a", "command": "true"}, {"name": "b", "command": "true"}],
-                      workdir=laptop.root / "local-work")
-    started = time.monotonic()
-    subprocess.run([PY, "-m", "lingjun_slurm.cli", "submit", str(local_spec), "--executor", "slurm"], check=True,
-                   env={**os.environ, **slurm_cluster.env, "LINGJUN_STATE_DIR": str(laptop.root / "state-local")},
-                   capture_output=True, timeout=120)
-    local_s = time.monotonic() - started
-    print(f"\nsubmit of a 2-stage chain: {remote_s:.2f} s over SSH (127.0.0.1), {local_s:.2f} s on the cluster")
     laptop.assert_no_secrets()
 
 
@@ -378,40 +366,48 @@ def test_shipped_code_reaches_the_remote_run_directory(laptop: Laptop) -> None:
     laptop.assert_no_secrets()
 
 
-@pytest.mark.slow
-def test_shipping_over_ssh_one_command_versus_file_by_file(laptop: Laptop) -> None:
-    """The measurement behind bundle.UNPACK: one upload + one python3 vs one SFTP write per file, on
-    127.0.0.1 and through a proxy adding 10 ms each way (a login node 20 ms away)."""
-    from lingjun_slurm.bundle import ship
+def test_shipping_over_ssh_is_one_upload_and_one_command(laptop: Laptop, capsys: pytest.CaptureFixture[str]) -> None:
+    """bundle.ship over SSH (the default, as submit does) writes the wheel once and unpacks it with
+    exactly one remote `python3 -c UNPACK` command; file by file (the fallback, several round trips
+    per file: `python bench/ssh.py` measures both) writes the same tree with no command. Counted
+    through the transport: its history (commands) and its write_atomic calls (SFTP writes)."""
+    from lingjun_slurm.bundle import UNPACK, ship
+    from lingjun_slurm.transport import LocalTransport
     from lingjun_slurm.transport.ssh import SSHTransport
 
-    from .latency import LatencyProxy
+    class Counting(SSHTransport):
+        def __init__(self, *args: Any, **kw: Any) -> None:
+            super().__init__(*args, **kw)
+            self.writes: list[str] = []
 
-    proxy = LatencyProxy(laptop.ssh.port, 0.010)
-    known = laptop.root / "known_hosts_proxy"
-    cfg = laptop.root / "ssh_config_proxy"
-    cfg.write_text(f"Host far\n  HostName 127.0.0.1\n  Port {proxy.port}\n  User root\n"
-                   f"  IdentityFile {laptop.ssh.client_key}\n  IdentitiesOnly yes\n  UserKnownHostsFile {known}\n")
-    timings: dict[str, float] = {}
-    try:
-        for label, make in (("127.0.0.1", lambda: laptop.ssh.transport()),
-                            ("20 ms RTT", lambda: SSHTransport("far", ssh_config=cfg, known_hosts=known,
-                                                               accept_new_host_key=True))):
-            with make() as t:
-                t.run(["true"])  # connected: time the transfers only
-                for remote in (True, False):
-                    where = laptop.workdir / f"ship-{label[:2]}-{remote}"
-                    started = time.monotonic()
-                    ship(t, str(where), [], unpack_remotely=remote)
-                    timings[f"{label}, {'one python3 command' if remote else 'file by file'}"] = (
-                        time.monotonic() - started)
-                    files = sorted(p.relative_to(where).as_posix() for p in where.rglob("*"))
-                    timings.setdefault("files", float(len(files)))
-                    assert len(files) == timings["files"]
-    finally:
-        proxy.close()
-    print("\nship lingjun_slurm over SSH: " + "; ".join(f"{k}: {v:.2f} s" for k, v in timings.items() if k != "files"))
-    assert timings["20 ms RTT, one python3 command"] < timings["20 ms RTT, file by file"]
+        def write_atomic(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
+            self.writes.append(path)
+            super().write_atomic(path, data, mode)
+
+    def tree(where: Path) -> list[str]:
+        return sorted(p.relative_to(where).as_posix() for p in where.rglob("*") if p.is_file())
+
+    reference = laptop.root / "reference"
+    ship(LocalTransport(), str(reference), [])
+    want = tree(reference)
+    assert len(want) > 50
+    with Counting("lingjun-test", ssh_config=laptop.ssh.ssh_config, known_hosts=laptop.ssh.known_hosts) as t:
+        one = laptop.workdir / "ship-one"
+        wheel = ship(t, str(one), [])[0]
+        assert [argv[:3] for argv in t.history] == [("python3", "-c", UNPACK)], t.history
+        assert t.history[0][3:] == (f"{one}/wheels/{wheel}", f"{one}/site", str(len(want) - 1))
+        assert t.writes == [f"{one}/wheels/{wheel}"]
+        assert "one by one" not in capsys.readouterr().err  # no fallback note
+        assert tree(one) == want
+        assert (one / "site" / "lingjun_slurm" / "cli.py").read_bytes() == (
+            reference / "site" / "lingjun_slurm" / "cli.py").read_bytes()
+
+        t.history.clear()
+        t.writes.clear()
+        files = laptop.workdir / "ship-files"
+        ship(t, str(files), [], unpack_remotely=False)
+        assert t.history == [] and len(t.writes) == len(want)  # the wheel, then every file of the site
+        assert tree(files) == want
 
 
 def test_nccl_test_on_a_cluster_from_clusters_yaml(laptop: Laptop) -> None:

@@ -86,9 +86,12 @@ def require_sshd() -> None:
 
 
 class SSHServer:
-    def __init__(self, root: Path) -> None:
+    """The sshd pair in `root` (an empty, private directory). Usable outside pytest too (bench/ssh.py):
+    errors are then pytest.fail's exception, `pytest.fail.Exception`."""
+
+    def __init__(self, root: Path, first_port: int = FIRST_PORT) -> None:
         self.root = root
-        self.port, self.jump_port = free_ports(2)
+        self.port, self.jump_port = free_ports(2, first_port)
         self.client_key = keygen(root / "client_key")
         self.wrong_key = keygen(root / "wrong_key")
         self.encrypted_key = keygen(root / "encrypted_key", PASSPHRASE)
@@ -162,10 +165,12 @@ Subsystem sftp internal-sftp
             time.sleep(0.02)
         pytest.fail(f"the test sshd ({name}) is not listening on {port} after 10 s:\n{log.read_text()[-3000:]}")
 
-    def start(self) -> "SSHServer":
+    def start(self, jump: bool = True) -> "SSHServer":
+        """Start the main sshd and (jump=True) the jump host; stop() stops whatever was started."""
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege separation directory
         self._start("sshd", self.port, self.host_key, self.log, "VERBOSE")
-        self._start("sshd-jump", self.jump_port, self.jump_host_key, self.jump_log, "DEBUG1")
+        if jump:
+            self._start("sshd-jump", self.jump_port, self.jump_host_key, self.jump_log, "DEBUG1")
         return self
 
     def stop(self) -> None:
