@@ -322,16 +322,9 @@ def parse_spec_with_defaults(text: str, source: str,
 
 
 def load_spec_with_defaults(path: str | Path, defaults: dict[str, str]) -> tuple["LoadedSpec", dict[str, str]]:
-    from .errors import SpecError
     from .spec import load_spec
+    from .spec.load import read_spec_text
 
     if not defaults:
         return load_spec(path), {}
-    source = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecError(source, [Issue((), "no such file")]) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(source, [Issue((), f"cannot read the spec: {exc}")]) from None
-    return parse_spec_with_defaults(text, source, defaults)
+    return parse_spec_with_defaults(read_spec_text(path), str(path), defaults)

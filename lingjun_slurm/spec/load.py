@@ -144,13 +144,16 @@ def _sorted(issues: list[Issue]) -> list[Issue]:
     return sorted(issues, key=lambda i: (i.line or 0, str(i.loc)))
 
 
+def read_spec_text(path: str | Path) -> str:
+    """A spec file's text (SpecError naming the file if it cannot be read)."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(str(path), [Issue((), "no such file")]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(str(path), [Issue((), f"cannot read the spec: {exc}")]) from None
+
+
 def load_spec(path: str | Path) -> LoadedSpec:
     """Read and validate a spec file (SpecError if unreadable or invalid)."""
-    source = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecError(source, [Issue((), "no such file")]) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(source, [Issue((), f"cannot read the spec: {exc}")]) from None
-    return parse_spec(text, source)
+    return parse_spec(read_spec_text(path), str(path))
