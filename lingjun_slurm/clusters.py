@@ -212,6 +212,8 @@ class Destination:
 
 def destination(host: Optional[str], cluster: Optional[str], accept_new_host_key: bool = False) -> Destination:
     """--host/--cluster/--accept-new-host-key -> Destination (--host wins over the cluster's address)."""
+    if cluster is not None and not cluster.strip():
+        raise UsageError("--cluster: empty name (see --cluster NAME in clusters.yaml)")
     cfg = get_cluster(cluster) if cluster else None
     if host is not None:
         check_target(host)

@@ -239,3 +239,10 @@ def test_port_true_is_not_port_1() -> None:
         parse_clusters("clusters:\n  x:\n    host: h\n    port: true\n", "/c.yaml")
     assert "/c.yaml:4: clusters.x.port: expected a port number" in str(err.value)
     assert parse_clusters("clusters:\n  x:\n    host: h\n    port: 2222\n", "/c.yaml").clusters["x"].port == 2222
+
+
+@pytest.mark.parametrize("name", ["", "  "])
+def test_an_empty_cluster_name_is_refused_not_ignored(clusters_file: Path, name: str) -> None:
+    """`--cluster ""` (an unset shell variable, typically) must not quietly mean "no cluster"."""
+    with pytest.raises(UsageError, match="--cluster: empty name"):
+        destination(None, name, False)
