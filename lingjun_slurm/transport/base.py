@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import abc
 import time
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Optional, Sequence
@@ -122,18 +122,13 @@ class Transport(abc.ABC):
         Stops once done() returns True and everything written up to then has been read;
         done is asked at most once per poll interval. Without done it never stops.
         """
-        finished = False
-        while True:
-            data = self.read_range(path, offset, chunk)
-            if data:
-                offset += len(data)
-                yield data
-                continue
-            if finished:
-                return
-            time.sleep(poll_s)
-            if done is not None and done():
-                finished = True  # one last read picks up what was written before the end
+        with self._range_reader(path) as read:
+            yield from _poll(read, offset=offset, poll_s=poll_s, done=done, chunk=chunk)
+
+    @contextmanager
+    def _range_reader(self, path: str) -> Iterator[Callable[[int, int], bytes]]:
+        """read(offset, length) for follow(); a backend may keep a handle open across reads."""
+        yield lambda offset, length: self.read_range(path, offset, length)
 
     def close(self) -> None:
         """Release connections (nothing to do for the local transport)."""
@@ -143,3 +138,20 @@ class Transport(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _poll(read: Callable[[int, int], bytes], *, offset: int, poll_s: float, done: Optional[Callable[[], bool]],
+          chunk: int) -> Iterator[bytes]:
+    """The tail -f loop behind Transport.follow."""
+    finished = False
+    while True:
+        data = read(offset, chunk)
+        if data:
+            offset += len(data)
+            yield data
+            continue
+        if finished:
+            return
+        time.sleep(poll_s)
+        if done is not None and done():
+            finished = True  # one last read picks up what was written before the end

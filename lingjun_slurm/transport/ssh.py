@@ -509,34 +509,26 @@ class SSHTransport(Transport):
             except FileNotFoundError:
                 return b""
 
-    def follow(self, path: str, *, offset: int = 0, poll_s: float = 0.5,
-               done: Optional[Callable[[], bool]] = None, chunk: int = 1 << 16) -> Iterator[bytes]:
-        """As the base class, but one remote handle stays open while following (a read per poll)."""
+    @contextmanager
+    def _range_reader(self, path: str) -> Iterator[Callable[[int, int], bytes]]:
+        """follow() keeps one remote handle open (opened once the file exists): a read per poll."""
         sftp = self._sftp_client()
         p = self._path(path)
         fh: Optional[paramiko.SFTPFile] = None
-        finished = False
+
+        def read(offset: int, length: int) -> bytes:
+            nonlocal fh
+            with self._sftp_errors("read", path):
+                if fh is None:
+                    try:
+                        fh = sftp.open(p, "rb")
+                    except FileNotFoundError:
+                        return b""
+                fh.seek(offset)
+                return fh.read(length)
+
         try:
-            while True:
-                data = b""
-                with self._sftp_errors("read", path):
-                    if fh is None:
-                        try:
-                            fh = sftp.open(p, "rb")
-                        except FileNotFoundError:
-                            fh = None
-                    if fh is not None:
-                        fh.seek(offset)
-                        data = fh.read(chunk)
-                if data:
-                    offset += len(data)
-                    yield data
-                    continue
-                if finished:
-                    return
-                time.sleep(poll_s)
-                if done is not None and done():
-                    finished = True
+            yield read
         finally:
             if fh is not None:
                 try:
