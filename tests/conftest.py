@@ -13,11 +13,26 @@ from lingjun_slurm.plan import build_plan
 from lingjun_slurm.render import render_plan
 from lingjun_slurm.spec import load_spec
 
+from tests import hermetic
 from tests.cluster.fixtures import slurm_cluster  # noqa: F401  (session-scoped real Slurm)
 from tests.ssh.fixtures import ssh_server, ssh_slurm  # noqa: F401  (session-scoped real sshd)
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "tests" / "golden"
+# Taken from the environment pytest started in, before any test changes it.
+GUARDED = hermetic.guarded_roots(os.environ)
+
+
+@pytest.fixture(autouse=True)
+def hermetic_guard(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
+    """Each test gets its own state dir, and fails if it changed a user's real paths (tests/hermetic.py)."""
+    monkeypatch.setenv("LINGJUN_STATE_DIR", str(tmp_path_factory.mktemp("state")))
+    before = hermetic.snapshot(GUARDED)
+    yield
+    changed = hermetic.changes(before, hermetic.snapshot(GUARDED))
+    if changed:
+        pytest.fail("this test changed real paths outside its temporary directories:\n  " + "\n  ".join(changed),
+                    pytrace=False)
 
 
 def scenario_files() -> dict[str, Path]:

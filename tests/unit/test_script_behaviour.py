@@ -29,10 +29,18 @@ def stub(bindir: Path, name: str, body: str) -> None:
     path.chmod(0o755)
 
 
+def workdir(tmp_path: Path) -> Path:
+    """The run's workdir: tiny-gpt's, moved under the test's own temporary directory."""
+    return tmp_path / "work"
+
+
 def render(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
+    """tiny-gpt rendered with every path under tmp_path (never the real /tmp/lingjun-slurm)."""
     out = tmp_path / "out"
+    spec = tmp_path / "tiny-gpt.yaml"
+    spec.write_text(TINY.read_text().replace("/tmp/lingjun-slurm/tiny-gpt", str(workdir(tmp_path))))
     with pytest.raises(SystemExit) as info:
-        main(["render", str(TINY), "-o", str(out)])
+        main(["render", str(spec), "-o", str(out)])
         raise SystemExit(0)
     capsys.readouterr()
     assert not info.value.code
@@ -106,18 +114,15 @@ def test_time_limit_signal_saves_and_requeues(tmp_path: Path, capsys) -> None:
 
 def test_no_requeue_when_training_is_complete(tmp_path: Path, capsys) -> None:
     out = render(tmp_path, capsys)
-    ckpt = Path("/tmp/lingjun-slurm/tiny-gpt/checkpoints")
+    ckpt = workdir(tmp_path) / "checkpoints"
     bindir = tmp_path / "bin"
     stub(bindir, "srun", 'exit 0\n')
     stub(bindir, "scontrol", 'echo "scontrol $*" >> "$LOG"\n')
     ckpt.mkdir(parents=True, exist_ok=True)
     tracker = ckpt / "latest_checkpointed_iteration.txt"
     tracker.write_text("300\n")
-    try:
-        proc = subprocess.run(["bash", str(out / "train.sbatch")], env=env_for(tmp_path, out), capture_output=True,
-                              text=True)
-    finally:
-        tracker.unlink()
+    proc = subprocess.run(["bash", str(out / "train.sbatch")], env=env_for(tmp_path, out), capture_output=True,
+                          text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "requeue" not in (tmp_path / "log").read_text()
 
@@ -138,10 +143,9 @@ def test_run_id_with_newline_is_refused(capsys) -> None:
 def test_requeue_after_failures_only_with_progress_or_a_signal(tmp_path: Path, capsys, before, after, step_rc,
                                                                requeued) -> None:
     out = render(tmp_path, capsys)
-    ckpt = Path("/tmp/lingjun-slurm/tiny-gpt/checkpoints")
+    ckpt = workdir(tmp_path) / "checkpoints"
     ckpt.mkdir(parents=True, exist_ok=True)
     tracker = ckpt / "latest_checkpointed_iteration.txt"
-    tracker.unlink(missing_ok=True)
     if before:
         tracker.write_text(before + "\n")
     bindir = tmp_path / "bin"
@@ -149,11 +153,8 @@ def test_requeue_after_failures_only_with_progress_or_a_signal(tmp_path: Path, c
     stub(bindir, "srun", f"{write}exit {step_rc}\n")
     stub(bindir, "scontrol", 'echo "scontrol $*" >> "$LOG"\ncase "$1 $2" in\n  "show hostnames") echo node1 ;;\n'
                              '  "show node") echo "NodeName=node1 NodeAddr=127.0.0.1" ;;\nesac\n')
-    try:
-        proc = subprocess.run(["bash", str(out / "train.sbatch")], env=env_for(tmp_path, out), capture_output=True,
-                              text=True)
-    finally:
-        tracker.unlink(missing_ok=True)
+    proc = subprocess.run(["bash", str(out / "train.sbatch")], env=env_for(tmp_path, out), capture_output=True,
+                          text=True)
     log = (tmp_path / "log").read_text()
     assert ("scontrol requeue 5" in log) == requeued, proc.stdout + proc.stderr
     assert proc.returncode == (0 if requeued else step_rc)
