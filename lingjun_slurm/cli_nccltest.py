@@ -66,7 +66,7 @@ def _network(profile: Optional[str], instance_type: Optional[str], sets: tuple[s
     for key in unsets:
         _env_name(key, f"--unset {key!r}")
         overrides[key] = None
-    return prof, network.resolve(prof, overrides)
+    return prof, network.resolve(prof, overrides, scope="nccl-tests")
 
 
 def _env_name(key: str, option: str) -> None:

@@ -85,16 +85,34 @@ def profiles_reference() -> str:
            "One YAML file in the package (`lingjun_slurm/presets/network_profiles.yaml`) is the single source",
            "for the NCCL block in sbatch scripts, `lingjun-slurm nccl-env`, and the cluster-init project's",
            "`/etc/nccl.conf`. Choose a profile with `cluster.network.profile` or `cluster.network.instance_type`;",
-           "override or unset variables with `cluster.network.overrides` (a `null` value unsets).", ""]
+           "override or unset variables with `cluster.network.overrides` (a `null` value unsets).", "",
+           "Each variable has a scope. Most apply to every job: training and the other stages, `lingjun-slurm",
+           "nccl-test`, `nccl-env` and `/etc/nccl.conf`. A variable that the cited source sets only for its",
+           "nccl-tests runs (benchmark tuning, or settings read only by the MPI that the nccl-tests binaries",
+           "use) has scope `nccl-tests`: `lingjun-slurm nccl-test` sets it, replacing the variable of the same",
+           "name, and training jobs and `/etc/nccl.conf` do not. Where a benchmark setting also applies to",
+           "training, its reason says why (Azure: the same value in Azure's own training examples). To try",
+           "one in training, put it in `cluster.network.overrides`.", "",
+           "Azure profiles copy upstream files at the commits listed under Revisions; tests/fixtures/network/",
+           "holds those values and tests/unit/test_network_sources.py checks the profiles against them.", ""]
     for prof in network.profiles().values():
         out += [f"## `{prof.name}`", "", prof.description, "", f"Source: {prof.source}.", ""]
         if prof.instance_types:
             out += ["Instance types: " + ", ".join(f"`{t}`" for t in prof.instance_types) + ".", ""]
         if prof.mounts:
             out += ["Container mounts added by the profile: " + ", ".join(f"`{m}`" for m in prof.mounts) + ".", ""]
+        for i, rev in enumerate(prof.revisions):
+            out += (["Revisions:", ""] if i == 0 else []) + [
+                f"- {rev.repo} `{rev.path}` at {rev.commit} ({rev.date}): {rev.used_for}."]
+        out += [""] if prof.revisions else []
         out += ["| variable | value | why |", "|---|---|---|"]
         out += [f"| `{v.name}` | `{v.value}` | {v.reason} |" for v in prof.env]
         out.append("")
+        if prof.nccl_tests_env:
+            out += ["Scope `nccl-tests` (set by `lingjun-slurm nccl-test` only, not in training jobs or `/etc/nccl.conf`):",
+                    "", "| variable | value | why |", "|---|---|---|"]
+            out += [f"| `{v.name}` | `{v.value}` | {v.reason} |" for v in prof.nccl_tests_env]
+            out.append("")
         for ref in prof.nccl_references:
             out += [f"nccl-tests reference (`lingjun-slurm nccl-test` verdict, docs/nccl-tests.md): `{ref.op}_perf` "
                     f"busbw >= {ref.busbw_gbps:g} GB/s at {ref.size} on {ref.nodes} node(s) x {ref.gpus_per_node} "

@@ -14,10 +14,15 @@ from .errors import UsageError
 from .presets import load
 from .shell import quote
 
-__all__ = ["FORMATS", "EnvVar", "NcclReference", "NetworkEnv", "Profile", "get_profile", "profile_for_instance", "profiles",
-           "quote", "render", "resolve"]
+__all__ = ["FORMATS", "SCOPES", "EnvVar", "NcclReference", "NetworkEnv", "Profile", "Revision", "get_profile",
+           "profile_for_instance", "profiles", "quote", "render", "resolve"]
 
 FORMATS = ("sh", "env", "nccl.conf", "json")
+# Where a profile variable is set. "jobs" (the default): every job the tool renders (training and the
+# other stages, nccl-tests), `nccl-env` and /etc/nccl.conf. "nccl-tests": only `lingjun-slurm nccl-test`
+# jobs, where it replaces a "jobs" variable of the same name (in its place) or is added after them:
+# what a source sets for its benchmark runs only stays out of training jobs.
+SCOPES = ("jobs", "nccl-tests")
 
 
 @dataclass(frozen=True)
@@ -41,14 +46,37 @@ class NcclReference:
 
 
 @dataclass(frozen=True)
+class Revision:
+    """One upstream file a profile's values were taken from, at a fixed commit."""
+
+    repo: str
+    path: str
+    commit: str
+    date: str
+    used_for: str
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     description: str
     source: str
     instance_types: tuple[str, ...]
-    env: tuple[EnvVar, ...]
+    env: tuple[EnvVar, ...]  # scope "jobs"
     mounts: tuple[str, ...] = ()
     nccl_references: tuple[NcclReference, ...] = ()
+    nccl_tests_env: tuple[EnvVar, ...] = ()  # scope "nccl-tests"
+    revisions: tuple[Revision, ...] = ()
+
+    def env_for(self, scope: str = "jobs") -> tuple[EnvVar, ...]:
+        """The profile's variables in a scope (see SCOPES), in order."""
+        if scope not in SCOPES:
+            raise UsageError(f"unknown network scope {scope!r}; choose one of {', '.join(SCOPES)}")
+        if scope == "jobs":
+            return self.env
+        extra = {v.name: v for v in self.nccl_tests_env}
+        merged = [extra.pop(v.name, v) for v in self.env]
+        return tuple(merged + [v for v in self.nccl_tests_env if v.name in extra])
 
 
 @dataclass(frozen=True)
@@ -65,15 +93,29 @@ class NetworkEnv:
         return [v.name for v in self.vars]
 
 
+def _scope(entry: Mapping[str, object], profile: str) -> str:
+    scope = str(entry.get("scope", "jobs"))
+    if scope not in SCOPES:
+        raise ValueError(f"network profile {profile}: {entry['name']}: unknown scope {scope!r} ({', '.join(SCOPES)})")
+    return scope
+
+
 def profiles() -> dict[str, Profile]:
     out: dict[str, Profile] = {}
     for name, raw in load("network_profiles.yaml").items():
+        scoped: dict[str, list[EnvVar]] = {scope: [] for scope in SCOPES}
+        for e in raw["env"]:
+            scoped[_scope(e, name)].append(EnvVar(e["name"], str(e["value"]), e["reason"]))
         out[name] = Profile(
             name=name,
             description=raw["description"],
             source=raw["source"],
             instance_types=tuple(raw.get("instance_types") or ()),
-            env=tuple(EnvVar(e["name"], str(e["value"]), e["reason"]) for e in raw["env"]),
+            env=tuple(scoped["jobs"]),
+            nccl_tests_env=tuple(scoped["nccl-tests"]),
+            revisions=tuple(Revision(repo=r["repo"], path=r["path"], commit=str(r["commit"]), date=str(r["date"]),
+                                     used_for=" ".join(str(r["used_for"]).split()))
+                            for r in raw.get("revision") or ()),
             mounts=tuple(raw.get("mounts") or ()),
             nccl_references=tuple(
                 NcclReference(op=r["op"], busbw_gbps=float(r["busbw_gbps"]), size=str(r["size"]), nodes=int(r["nodes"]),
@@ -98,12 +140,13 @@ def profile_for_instance(instance_type: str) -> Profile:
     raise UsageError(f"no network profile lists instance type {instance_type!r}; known: {', '.join(known)}")
 
 
-def resolve(profile: Profile, overrides: Mapping[str, str | None] | None = None) -> NetworkEnv:
-    """Apply overrides: a value replaces or adds a variable, None removes it."""
+def resolve(profile: Profile, overrides: Mapping[str, str | None] | None = None, scope: str = "jobs") -> NetworkEnv:
+    """The profile's variables in `scope` ("nccl-tests" for nccl-test jobs), then the overrides:
+    a value replaces or adds a variable, None removes it."""
     overrides = dict(overrides or {})
     result: list[EnvVar] = []
     unset: list[str] = []
-    for var in profile.env:
+    for var in profile.env_for(scope):
         if var.name not in overrides:
             result.append(var)
             continue

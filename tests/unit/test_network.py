@@ -120,8 +120,10 @@ def test_usage_errors_exit_2(capsys) -> None:
 def test_profile_names_and_keys_are_well_formed() -> None:
     for prof in network.profiles().values():
         assert re.fullmatch(r"[a-z0-9-]+", prof.name)
-        names = [v.name for v in prof.env]
-        assert len(names) == len(set(names)), prof.name
+        for scoped in (prof.env, prof.nccl_tests_env):
+            names = [v.name for v in scoped]
+            assert len(names) == len(set(names)), prof.name
+            assert all(re.fullmatch(r"[A-Z][A-Z0-9_]*", n, re.IGNORECASE) for n in names), prof.name
     with pytest.raises(UsageError):
         network.render(network.resolve(network.get_profile("tcp")), "toml")
 
