@@ -105,10 +105,55 @@ def lint(spec: ContainerSpec, loc: Loc = ("container",)) -> list[Issue]:
 def mounts_with_workdir(spec: ContainerSpec, workdir: str) -> list[Mount]:
     """The user's mounts plus the run directory at the same path, unless already covered."""
     mounts = [parse_mount(m) for m in spec.mounts]
-    covered = any(workdir == m.dst or workdir.startswith(m.dst.rstrip("/") + "/") for m in mounts)
+    covered = any(_covers(m.dst, workdir) for m in mounts)
     if not covered:
         mounts.append(Mount(src=workdir, dst=workdir))
     return mounts
+
+
+def _covers(dst: str, path: str) -> bool:
+    return path == dst or path.startswith(dst.rstrip("/") + "/")
+
+
+def host_side(path: str, mounts: list[Mount]) -> str:
+    """The host path behind a container-side path, for code that runs outside the container.
+
+    The batch shell (and the login node) see the host's filesystem; the stages see pyxis's bind
+    mounts. pyxis hands `--container-mounts` to enroot in order, and enroot applies them in that
+    order (NVIDIA/enroot src/runtime.sh, `runtime::_mount` over the fstab pyxis writes), so of
+    several mounts that cover a path the last one is what the container sees. A path no mount
+    covers is taken as the same path on the host (enroot's own mounts.d entries, e.g. /lustre,
+    mount at the same place).
+    """
+    chosen = None
+    for mount in mounts:
+        if _covers(mount.dst, path):
+            chosen = mount
+    if chosen is None:
+        return path
+    rest = path[len(chosen.dst.rstrip("/")):]
+    return chosen.src.rstrip("/") + rest if rest else chosen.src
+
+
+def workdir_mount_problem(spec: ContainerSpec, workdir: str) -> tuple[int, str] | None:
+    """(mount index, reason) when a user mount puts another host directory at the run's workdir.
+
+    The workdir is a host path: submit writes plan.json and the scripts there, on the host. A
+    mount whose DST covers it with another SRC would show the stages a different directory.
+    """
+    found = None
+    for i, raw in enumerate(spec.mounts):
+        mount = parse_mount(raw)
+        if _covers(mount.dst, workdir):
+            found = (i, mount)
+    if found is None:
+        return None
+    i, mount = found
+    if host_side(workdir, [mount]) == workdir:
+        return None
+    return i, (f"this mount puts host {host_side(workdir, [mount])} at the run's workdir {workdir}; run.workdir is "
+               "a host path (the scripts and plan.json are written there), so the stages would see another "
+               "directory: mount it at the same path or change run.workdir")
 
 
 def pyxis_flags(spec: ContainerSpec, workdir: str, env_names: list[str]) -> ContainerOptions:

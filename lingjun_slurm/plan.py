@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import __version__, network
-from .container import parse_mount, pyxis_flags
+from .container import host_side, mounts_with_workdir, parse_mount, pyxis_flags
 from .megatron import args as megatron_args
 from .network import EnvVar, NetworkEnv
 from .shell import Shell, Word, to_json
@@ -20,6 +20,8 @@ from .spec.resolve import (StageResources, active_builtins, builtin_resources, c
 from .timefmt import format_time
 
 PLAN_SCHEMA = 1
+# sbatch's memory options are mutually exclusive: with one of these in sbatch_extra, no --mem.
+MEM_OPTIONS = frozenset({"mem-per-cpu", "mem-per-gpu"})
 EXECUTORS = ("slurm", "local")
 PLAN_VAR = Shell('"$PLAN"')
 PYTHON = "python3"
@@ -74,6 +76,8 @@ class Plan:
     workdir: str
     log_dir: str
     checkpoint_dir: str
+    # The same directory as the batch shell outside the container sees it (container.host_side).
+    host_checkpoint_dir: str
     stages: tuple[StagePlan, ...]
     settings: dict[str, Any]
     reproduce: str
@@ -97,6 +101,7 @@ class Plan:
             "workdir": self.workdir,
             "log_dir": self.log_dir,
             "checkpoint_dir": self.checkpoint_dir,
+            "host_checkpoint_dir": self.host_checkpoint_dir,
             "stages": [_stage_json(st) for st in self.stages],
             "settings": self.settings,
         }
@@ -158,6 +163,11 @@ def _sbatch(spec: Spec, job_name: str, res: StageResources, logs: str, *, array:
         opts["cpus-per-task"] = str(res.cpus_per_task)
     if res.mem:
         opts["mem"] = res.mem
+    elif res.exclusive and not MEM_OPTIONS & set(spec.cluster.sbatch_extra):
+        # --exclusive gives every CPU and GRES of the node "but is only allocated as much memory
+        # as it requested ... To request all the memory on a node, use --mem=0" (Slurm's
+        # doc/man/man1/sbatch.1, --exclusive).
+        opts["mem"] = "0"
     if res.time_s:
         opts["time"] = format_time(res.time_s)
     if res.exclusive:
@@ -260,6 +270,12 @@ def build_plan(spec: Spec, *, run_id: str | None = None, spec_sha256: str = "", 
         spec = spec.model_copy(update={"container": spec.container.model_copy(
             update={"mounts": list(spec.container.mounts) + extra})})
 
+    # Paths the batch shell itself reads or writes are host paths: map them through the mounts.
+    mounts = mounts_with_workdir(spec.container, spec.run.workdir) if pyxis else []
+
+    def on_host(path: str) -> str:
+        return host_side(path, mounts)
+
     stages: list[StagePlan] = []
     last_builtin: str | None = None
     pending_before: list[Dependency] = []
@@ -291,6 +307,8 @@ def build_plan(spec: Spec, *, run_id: str | None = None, spec_sha256: str = "", 
             env = tuple(user_env + (training_env(spec, res) if item == "train" else []))
             use_container = pyxis
             cmds, vars_ = _builtin_commands(spec, item)
+            if "shard_dir" in vars_:
+                vars_["host_shard_dir"] = on_host(vars_["shard_dir"])
             last_builtin = item
         array = _array(spec) if kind == "preprocess" else None
         job_name = f"{run_id}-{name}"
@@ -306,5 +324,6 @@ def build_plan(spec: Spec, *, run_id: str | None = None, spec_sha256: str = "", 
             array=array, vars={**vars_, "ship_code": kind != "command" and spec.run.ship_code and executor == "slurm"},
         ))
     return Plan(run_id=run_id, name=spec.run.name, spec_sha256=spec_sha256, source=source, workdir=spec.run.workdir,
-                log_dir=logs, checkpoint_dir=checkpoint_dir(spec), stages=tuple(stages), settings=settings(spec),
+                log_dir=logs, checkpoint_dir=checkpoint_dir(spec),
+                host_checkpoint_dir=on_host(checkpoint_dir(spec)), stages=tuple(stages), settings=settings(spec),
                 reproduce=reproduce, executor=executor)

@@ -92,7 +92,8 @@ def render_stage(plan: Plan, stage: StagePlan) -> str:
         grace=plan.settings["training"]["save_grace_s"],
         iterations=plan.settings["training"]["iterations"],
         max_restarts=plan.settings["training"]["max_restarts"],
-        tracker=f"{plan.checkpoint_dir}/latest_checkpointed_iteration.txt",
+        # Read by the batch shell, outside the container: the host side of the checkpoint dir.
+        tracker=f"{plan.host_checkpoint_dir}/latest_checkpointed_iteration.txt",
     )
     return _tidy(text)
 

@@ -272,6 +272,10 @@ def check_data(spec: Spec) -> list[Issue]:
 
 def check_container(spec: Spec) -> list[Issue]:
     issues = container_mod.lint(spec.container)
+    if spec.container.runtime == "pyxis" and not issues:
+        problem = container_mod.workdir_mount_problem(spec.container, spec.run.workdir)
+        if problem:
+            issues.append(Issue(("container", "mounts", problem[0]), problem[1]))
     if spec.container.runtime == "none":
         for field in ("image", "workdir", "name"):
             if getattr(spec.container, field):

@@ -294,6 +294,8 @@ CASES = [
       "recompute-full"),
     c("tiny", {"training.extra_args": ["--use-flash-attn"]}, "training.extra_args", "entrypoint: megatron-lm",
       "extra-args-builtin"),
+    c("megatron", {"container.mounts[0]": "/lustre/runs:/mnt/cpfs"}, "container.mounts[0]",
+      "puts host /lustre/runs/runs/llama8b-pretrain at the run's workdir", "workdir-behind-foreign-mount"),
     c("megatron", {"checkpoint.copy_to": "backups/llama8b"}, "checkpoint.copy_to", "an absolute path or a URL",
       "copy-to-relative"),
     c("megatron", {"stages.commands[1]": dict(EVAL)}, "stages.commands[1].name", "duplicate stage name",

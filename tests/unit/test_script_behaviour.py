@@ -158,3 +158,63 @@ def test_requeue_after_failures_only_with_progress_or_a_signal(tmp_path: Path, c
     log = (tmp_path / "log").read_text()
     assert ("scontrol requeue 5" in log) == requeued, proc.stdout + proc.stderr
     assert proc.returncode == (0 if requeued else step_rc)
+
+
+def pyxis_spec(tmp_path: Path, checkpoint_dir: str, mounts: list[str]) -> Path:
+    """tiny-gpt in a pyxis container with the given mounts and checkpoint dir (paths under tmp_path)."""
+    text = TINY.read_text().replace("/tmp/lingjun-slurm/tiny-gpt", str(workdir(tmp_path)))
+    text = text.replace("container:\n  runtime: none\n",
+                        "container:\n  image: nvcr.io#nvidia/pytorch:25.04-py3\n  mounts:\n"
+                        + "".join(f"    - {m}\n" for m in mounts))
+    text = text.replace("checkpoint:\n  save_interval: 100\n", f"checkpoint:\n  dir: {checkpoint_dir}\n  save_interval: 100\n")
+    path = tmp_path / "pyxis.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_a_finished_run_behind_a_mount_is_not_requeued(tmp_path: Path, capsys) -> None:
+    """Issue 12 item 3: checkpoint.dir is a container path (/ckpt/x behind /lustre/ckpt:/ckpt). The batch
+    shell reads the tracker on the host, at /lustre/ckpt/x; reading /ckpt/x saw iteration 0 and requeued a
+    finished run max_restarts times, then failed."""
+    lustre = tmp_path / "lustre" / "ckpt"
+    (lustre / "x").mkdir(parents=True)
+    (lustre / "x" / "latest_checkpointed_iteration.txt").write_text("300\n")
+    spec = pyxis_spec(tmp_path, "/ckpt/x", [f"{lustre}:/ckpt"])
+    out = tmp_path / "out"
+    assert main_rc(["render", str(spec), "-o", str(out)], capsys) == 0
+    script = (out / "train.sbatch").read_text()
+    assert f"tracker={lustre}/x/latest_checkpointed_iteration.txt" in script
+    assert f"--container-mounts={lustre}:/ckpt" in script
+    bindir = tmp_path / "bin"
+    stub(bindir, "srun", 'exit 0\n')
+    stub(bindir, "scontrol", 'echo "scontrol $*" >> "$LOG"\ncase "$1 $2" in\n  "show hostnames") echo node1 ;;\n'
+                             '  "show node") echo "NodeName=node1 NodeAddr=127.0.0.1" ;;\nesac\n')
+    proc = subprocess.run(["bash", str(out / "train.sbatch")], env=env_for(tmp_path, out), capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "requeue" not in (tmp_path / "log").read_text()
+
+
+def main_rc(argv: list[str], capsys) -> int:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+        raise SystemExit(0)
+    capsys.readouterr()
+    return int(info.value.code or 0)
+
+
+@pytest.mark.parametrize("job_id", ["5", "12767", "22767", "9999999"])
+def test_master_port_stays_below_the_ephemeral_range(tmp_path: Path, capsys, job_id: str) -> None:
+    """Issue 12 item 4: 20000 + id % 20000 reached 39999, inside Linux's 32768-60999 ephemeral range."""
+    out = render(tmp_path, capsys)
+    (workdir(tmp_path) / "checkpoints").mkdir(parents=True)
+    (workdir(tmp_path) / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("300\n")
+    bindir = tmp_path / "bin"
+    stub(bindir, "srun", 'exit 0\n')
+    stub(bindir, "scontrol", 'case "$1 $2" in\n  "show hostnames") echo node1 ;;\n'
+                             '  "show node") echo "NodeName=node1 NodeAddr=127.0.0.1" ;;\nesac\n')
+    proc = subprocess.run(["bash", str(out / "train.sbatch")], env={**env_for(tmp_path, out), "SLURM_JOB_ID": job_id},
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    port = int(proc.stdout.split("MASTER_PORT=")[1].split()[0])
+    assert 10000 <= port < 30000 and port == 10000 + int(job_id) % 20000
