@@ -1,18 +1,26 @@
-"""Pure parsers: Slurm CLI output -> JobInfo records (Slurm 22.05 through 24.11).
+"""Pure parsers: Slurm CLI output -> JobInfo records (Slurm 22.05 through 25.11).
 
-Nothing here runs a command; callers hand over the text. Three sources:
+Nothing here runs a command; callers hand over the text. Four sources
+(docs/slurm-versions.md has the per-version details and how they were checked):
 
 * ``squeue --json``: 22.05 (openapi v0.0.37/38: plain numbers, ``job_state`` a string,
   ``exit_code`` the raw wait status), 23.02 (data_parser v0.0.39: numbers wrapped as
-  ``{"set", "infinite", "number"}``, ``exit_code`` still the raw wait status), 23.11+
-  (v0.0.40-v0.0.42: ``job_state`` a list of base state + flags, ``exit_code`` an object
-  ``{"status", "return_code", "signal"}``). 22.05 ignores -j/-t/-u: filter client-side.
+  ``{"set", "infinite", "number"}``, ``job_state`` still a string, ``exit_code`` still the
+  raw wait status), 23.11 to 25.11 (v0.0.40 to v0.0.44: ``job_state`` a list of base state +
+  flags, ``exit_code`` an object ``{"status", "return_code", "signal"}``, times wrapped too).
+  22.05 to 24.05.0 ignore -j/-t/-u with --json (fixed in 24.05.1): filter client-side.
 * ``sacct --parsable2 --noheader --allocations --format=<SACCT_FIELDS>``: --allocations
   (-X) keeps one line per job (the job's own State/ExitCode); step lines (``123.batch``,
   ``123.extern``, ``123.0``) are skipped anyway. With --duplicates a requeued job appears
   once per run: the records are merged, the last wins and ``restarts`` counts the rest.
   Query with --jobs=...: without it sacct drops jobs cancelled before they were eligible.
-  Times must use the default format (leave SLURM_TIME_FORMAT unset or "standard").
+  Times must use the default format (leave SLURM_TIME_FORMAT unset or "standard"). The text
+  is the same in every version 22.05 to 25.11; this is what the tool asks for.
+* ``sacct --json`` (parse_sacct_json; not used by the client, kept for 23.11+ users and
+  tested on each version): one record per job run, ``state.current`` a string (v0.0.39) or a
+  list (v0.0.40+). v0.0.39 (23.02) loses the exit code of jobs that exited: it prints
+  ``{"status": "SUCCESS", "return_code": 0}`` even for ``exit 7``, so such a record gives
+  exit code 0 only when the job COMPLETED and None otherwise.
 * jobcomp/filetxt log lines (src/plugins/jobcomp/filetxt/jobcomp_filetxt.c). Array tasks
   carry `` ArrayJobId=N ArrayTaskId=M``; an array's never-started remainder is logged as a
   plain ``JobId=<array id>`` line and cannot be told from a plain job. A requeue writes a
@@ -39,6 +47,7 @@ __all__ = [
     "decode_wait_status",
     "parse_duration",
     "parse_jobcomp_filetxt",
+    "parse_sacct_json",
     "parse_sacct_parsable",
     "parse_squeue_json",
     "parse_state",
@@ -230,25 +239,31 @@ def _merge_runs(jobs: Iterable[JobInfo]) -> list[JobInfo]:
 # ---------------------------------------------------------------------------- squeue --json
 
 
-def parse_squeue_json(text: str) -> list[JobInfo]:
-    """`squeue --json` (22.05 to 24.11) -> one JobInfo per job record."""
+def _json_jobs(text: str, what: str) -> list[Any]:
+    """The "jobs" list of a `squeue --json` / `sacct --json` document (errors raised)."""
     try:
         doc = json.loads(text)
     except (json.JSONDecodeError, TypeError) as exc:
-        raise SlurmParseError(f"squeue --json output is not valid JSON: {exc}") from None
+        raise SlurmParseError(f"{what} output is not valid JSON: {exc}") from None
     if not isinstance(doc, dict):
-        raise SlurmParseError(f"squeue --json output is a {type(doc).__name__}, expected an object")
+        raise SlurmParseError(f"{what} output is a {type(doc).__name__}, expected an object")
     jobs = doc.get("jobs")
     errors = doc.get("errors") or []
     if errors and not jobs:
         messages = "; ".join(
             str(e.get("description") or e.get("error") or e) if isinstance(e, dict) else str(e)
             for e in errors)
-        raise SlurmParseError(f"squeue --json reported errors: {messages}")
+        raise SlurmParseError(f"{what} reported errors: {messages}")
     if jobs is None:
-        raise SlurmParseError('squeue --json output has no "jobs" list')
+        raise SlurmParseError(f'{what} output has no "jobs" list')
     if not isinstance(jobs, list):
-        raise SlurmParseError(f'squeue --json "jobs" is a {type(jobs).__name__}, expected a list')
+        raise SlurmParseError(f'{what} "jobs" is a {type(jobs).__name__}, expected a list')
+    return jobs
+
+
+def parse_squeue_json(text: str) -> list[JobInfo]:
+    """`squeue --json` (22.05 to 25.11) -> one JobInfo per job record."""
+    jobs = _json_jobs(text, "squeue --json")
     return [_squeue_job(record, index) for index, record in enumerate(jobs)]
 
 
@@ -321,6 +336,59 @@ def parse_sacct_parsable(text: str, *, fields: Sequence[str] = SACCT_FIELDS) -> 
             start=_local_time(row.get("Start", "")), end=_local_time(row.get("End", "")),
             elapsed_s=parse_duration(row.get("Elapsed", "")), nodes=row.get("NodeList"),
             restarts=0, source="sacct"))
+    return _merge_runs(jobs)
+
+
+def _sacct_json_exit(value: Any, state: str) -> tuple[int | None, int | None]:
+    """sacct --json exit_code: v0.0.40+ objects as squeue's; v0.0.39's {"status": "SUCCESS", ...}
+    string form says only "exited" (return_code is always 0), signals are under signal.signal_id."""
+    if isinstance(value, dict) and isinstance(value.get("status"), str):
+        status = value["status"].upper()
+        if status in ("SIGNALED", "CORE_DUMPED"):
+            return None, _number((value.get("signal") or {}).get("signal_id"))
+        if status == "SUCCESS":
+            return (0, 0) if state == "COMPLETED" else (None, None)
+        return None, None
+    return _exit_from_json(value)
+
+
+def parse_sacct_json(text: str) -> list[JobInfo]:
+    """`sacct --json` (23.02 to 25.11) -> one JobInfo per job (runs merged as with --duplicates).
+
+    The job record's own state and exit code are used; its steps are ignored.
+    """
+    jobs: list[JobInfo] = []
+    for index, record in enumerate(_json_jobs(text, "sacct --json")):
+        if not isinstance(record, dict):
+            raise SlurmParseError(f"sacct --json jobs[{index}] is a {type(record).__name__}, expected an object")
+        raw_id = _number(record.get("job_id"))
+        if raw_id is None:
+            raise SlurmParseError(f"sacct --json jobs[{index}] has no job_id")
+        array = record.get("array") if isinstance(record.get("array"), dict) else {}
+        array_job = _number(array.get("job_id")) or None
+        task = _number(array.get("task_id"))
+        task = task if task is not None and task < _NO_VAL32 else None
+        task_string = re.sub(r"%\d+$", "", str(array.get("task") or "").strip())
+        pending: str | None = None
+        if array_job is None:
+            job_id, task = str(raw_id), None
+        elif task is not None:
+            job_id = f"{array_job}_{task}"
+        elif task_string:
+            pending, job_id = task_string, f"{array_job}_[{task_string}]"
+        else:
+            job_id = str(raw_id)
+        state_obj = record.get("state") if isinstance(record.get("state"), dict) else {}
+        state_raw = state_obj.get("current")
+        times = record.get("time") if isinstance(record.get("time"), dict) else {}
+        elapsed = _number(times.get("elapsed"))
+        jobs.append(_build(
+            job_id=job_id, array_job_id=str(array_job) if array_job else None, array_task_id=task,
+            pending=pending, name=str(record.get("name") or ""), state_raw=state_raw,
+            reason=state_obj.get("reason"),
+            exit_status=_sacct_json_exit(record.get("exit_code"), parse_state(state_raw)[0]),
+            start=_epoch(times.get("start")), end=_epoch(times.get("end")), elapsed_s=elapsed,
+            nodes=record.get("nodes"), restarts=_number(record.get("restart_cnt")) or 0, source="sacct"))
     return _merge_runs(jobs)
 
 
