@@ -1,0 +1,1 @@
+"""Container-image helpers (image references, registries, enroot images)."""
