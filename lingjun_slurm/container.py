@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 
 from .errors import Issue, Loc
+from .shell import Word
 from .spec.models import SAFE_PATH_RE, ContainerSpec, Mount
 
 IMAGE_CHARS_RE = re.compile(r"^[A-Za-z0-9._:/@#+-]+$")
@@ -75,7 +76,7 @@ def format_mount(mount: Mount) -> str:
 class ContainerOptions:
     """The pyxis flags of one srun, as argv words (quoted when rendered)."""
 
-    flags: tuple[str, ...]
+    flags: tuple[Word, ...]
 
 
 def lint(spec: ContainerSpec, loc: Loc = ("container",)) -> list[Issue]:
@@ -156,17 +157,26 @@ def workdir_mount_problem(spec: ContainerSpec, workdir: str) -> tuple[int, str] 
                "directory: mount it at the same path or change run.workdir")
 
 
-def pyxis_flags(spec: ContainerSpec, workdir: str, env_names: list[str]) -> ContainerOptions:
-    """srun flags for one stage; env_names are every variable the job sets."""
+def is_squashfs_path(image: str) -> bool:
+    """pyxis takes an image as a file when it starts with '.' or '/' (pyxis args.c; see lint_image)."""
+    return image.startswith(("/", "./"))
+
+
+def pyxis_flags(spec: ContainerSpec, workdir: str, env_names: list[str], *, image: Word | None = None,
+                name: Word | None = None) -> ContainerOptions:
+    """srun flags for one stage; env_names are every variable the job sets.
+
+    image and name replace --container-image=/--container-name= (e.g. with the staged image's path,
+    which the batch script reads at run time)."""
     assert spec.image is not None
-    flags = [f"--container-image={spec.image}"]
+    flags: list[Word] = [image if image is not None else f"--container-image={spec.image}"]
     mounts = mounts_with_workdir(spec, workdir)
     if mounts:
         flags.append("--container-mounts=" + ",".join(format_mount(m) for m in mounts))
     if spec.workdir:
         flags.append(f"--container-workdir={spec.workdir}")
-    if spec.name:
-        flags.append(f"--container-name={spec.name}")
+    if name is not None:
+        flags.append(name)
     flags.append("--container-mount-home" if spec.mount_home else "--no-container-mount-home")
     flags.append("--container-remap-root" if spec.remap_root else "--no-container-remap-root")
     flags.append("--container-writable" if spec.writable else "--container-readonly")

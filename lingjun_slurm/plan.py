@@ -6,17 +6,18 @@ plan is written as plan.json beside the scripts; stage code inside the jobs read
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import __version__, network
-from .container import host_side, mounts_with_workdir, parse_mount, pyxis_flags
+from .container import host_side, is_squashfs_path, mounts_with_workdir, parse_mount, pyxis_flags
 from .megatron import args as megatron_args
 from .network import EnvVar, NetworkEnv
 from .shell import Shell, Word, to_json
 from .spec.models import CommandStage, Spec
 from .spec.resolve import (StageResources, active_builtins, builtin_resources, checkpoint_dir, command_resources,
-                           data_prefix, log_dir, output_prefix, resolve_model, stage_order)
+                           data_prefix, log_dir, merge_resources, output_prefix, resolve_model, stage_order)
 from .timefmt import format_time
 
 PLAN_SCHEMA = 1
@@ -192,12 +193,63 @@ def _sbatch(spec: Spec, job_name: str, res: StageResources, logs: str, *, array:
     return tuple(sorted(opts.items()))
 
 
-def _launcher(spec: Spec, st_kind: str, names: list[str], use_container: bool) -> tuple[Word, ...]:
+@dataclass(frozen=True)
+class ContainerPlan:
+    """How the chain's stages get their image and container name (docs/rendering.md#images)."""
+
+    staged: bool                 # an image stage imports the image once; stages run its .sqsh
+    name_prefix: str | None      # container names start with this (None: unnamed containers)
+    image_key: str               # the image part of the name when not staged (staged: the digest's, at run time)
+    cache_dir: str
+
+    def image_word(self) -> Word | None:
+        return Shell('--container-image="$LINGJUN_IMAGE"') if self.staged else None
+
+    def name_word(self) -> Word | None:
+        return Shell('--container-name="$LINGJUN_CONTAINER_NAME"') if self.name_prefix else None
+
+
+def _key(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:8]
+
+
+def container_plan(spec: Spec, run_id: str, pyxis: bool) -> ContainerPlan:
+    """Staging applies to registry images under pyxis unless container.stage is never. Named
+    containers get <name>-<run key>-<image key>-<job id>: a changed image or another run never
+    reuses one (pyxis reuses an existing named container whatever --container-image says,
+    pyxis_slurmstepd.c), and each job removes its own."""
+    image = spec.container.image or ""
+    staged = pyxis and spec.container.stage == "auto" and bool(image) and not is_squashfs_path(image)
+    prefix = f"{spec.container.name}-{_key(run_id)}-" if pyxis and spec.container.name else None
+    return ContainerPlan(staged=staged, name_prefix=prefix, image_key=_key(image),
+                         cache_dir=spec.container.cache_dir or f"{spec.run.workdir}/images")
+
+
+def image_resources(spec: Spec) -> StageResources:
+    """One CPU task; cluster.stages.image, else the first CPU-only built-in stage's partition and
+    limits (the CPU partition when the chain has one), else cluster.defaults; one hour by default."""
+    own = spec.cluster.stages.get("image")
+    res = merge_resources(spec, own)
+    partition, time_s = res.partition, res.time_s
+    if own is None or own.partition is None:
+        for name in active_builtins(spec):
+            if name != "train" and not builtin_resources(spec, name).gpus_per_node:
+                partition = builtin_resources(spec, name).partition or partition
+                break
+    if own is None or own.time is None:
+        time_s = 3600
+    return StageResources(partition, 1, 1, 0, res.cpus_per_task or 4, res.mem, time_s, False)
+
+
+def _launcher(spec: Spec, st_kind: str, names: list[str], use_container: bool,
+              cplan: ContainerPlan | None = None) -> tuple[Word, ...]:
     words: list[Word] = ["srun"]
     if st_kind == "train":
         words.append("--kill-on-bad-exit=1")
     if use_container:
-        words += pyxis_flags(spec.container, spec.run.workdir, names).flags
+        words += pyxis_flags(spec.container, spec.run.workdir, names,
+                             image=cplan.image_word() if cplan else None,
+                             name=cplan.name_word() if cplan else None).flags
     return tuple(words)
 
 
@@ -239,10 +291,12 @@ def _array(spec: Spec) -> str:
     return f"0-{n - 1}"
 
 
-def settings(spec: Spec) -> dict[str, Any]:
+def settings(spec: Spec, cplan: ContainerPlan | None = None) -> dict[str, Any]:
     """What the stage code inside the jobs needs, fully resolved."""
     dump = spec.model_dump(mode="json")
     return {
+        "container": {"image": spec.container.image, "cache_dir": cplan.cache_dir, "arch": None}
+        if cplan is not None and cplan.staged else None,
         "data": {**dump["data"], "output_prefix": output_prefix(spec), "shard_dir": f"{output_prefix(spec)}.shards",
                  "train_prefix": data_prefix(spec) if not spec.stages.train.skip or spec.data.prefix else None},
         "model": resolve_model(spec),
@@ -276,7 +330,19 @@ def build_plan(spec: Spec, *, run_id: str | None = None, spec_sha256: str = "", 
     def on_host(path: str) -> str:
         return host_side(path, mounts)
 
+    cplan = container_plan(spec, run_id, pyxis)
     stages: list[StagePlan] = []
+    if cplan.staged:
+        res = image_resources(spec)
+        stages.append(StagePlan(
+            name="image", kind="image", script="image.sbatch", job_name=f"{run_id}-image",
+            sbatch=_sbatch(spec, f"{run_id}-image", res, logs, array=None, dependent=False, train=False),
+            depends_on=(), resources=res, env=tuple(user_env), network=None,
+            launcher=_launcher(spec, "image", [], False),
+            commands=((PYTHON, "-m", "lingjun_slurm.stages", "image", "--plan", PLAN_VAR),), container=False,
+            vars={"ship_code": spec.run.ship_code}))
+    # Stages that already wait on the image stage (directly or through an earlier stage).
+    after_image: set[str] = {"image"} if cplan.staged else set()
     last_builtin: str | None = None
     pending_before: list[Dependency] = []
     command_names = {c.name for c in spec.stages.commands}
@@ -310,20 +376,27 @@ def build_plan(spec: Spec, *, run_id: str | None = None, spec_sha256: str = "", 
             if "shard_dir" in vars_:
                 vars_["host_shard_dir"] = on_host(vars_["shard_dir"])
             last_builtin = item
+        if use_container and cplan.staged and not any(d.stage in after_image for d in deps):
+            deps = (Dependency("image", "afterok"),) + deps
+        if any(d.stage in after_image for d in deps):
+            after_image.add(name)
         array = _array(spec) if kind == "preprocess" else None
         job_name = f"{run_id}-{name}"
+        if use_container:
+            vars_ = {**vars_, "staged_image": cplan.staged, "container_prefix": cplan.name_prefix,
+                     "image_key": cplan.image_key}
         stages.append(StagePlan(
             name=name, kind=kind, script=f"{name}.sbatch", job_name=job_name,
             sbatch=_sbatch(spec, job_name, res, logs, array=array, dependent=bool(deps), train=kind == "train"),
             depends_on=deps, resources=res, env=env, network=stage_net,
             launcher=(_launcher(spec, kind, env_names(env, stage_net, kind == "train")
                                 + (["LINGJUN_SITE"] if kind != "command" and spec.run.ship_code else []),
-                                use_container)
+                                use_container, cplan)
                       if executor == "slurm" else local_launcher(res, kind)),
             commands=cmds, container=use_container,
             array=array, vars={**vars_, "ship_code": kind != "command" and spec.run.ship_code and executor == "slurm"},
         ))
     return Plan(run_id=run_id, name=spec.run.name, spec_sha256=spec_sha256, source=source, workdir=spec.run.workdir,
                 log_dir=logs, checkpoint_dir=checkpoint_dir(spec),
-                host_checkpoint_dir=on_host(checkpoint_dir(spec)), stages=tuple(stages), settings=settings(spec),
+                host_checkpoint_dir=on_host(checkpoint_dir(spec)), stages=tuple(stages), settings=settings(spec, cplan),
                 reproduce=reproduce, executor=executor)

@@ -29,6 +29,8 @@ SBATCH_EXTRA_ALLOWED = frozenset({
     "cores-per-socket", "ntasks-per-socket", "tmp", "priority", "tres-per-task", "gpu-freq", "container",
     "oversubscribe", "mem-per-gpu", "cpus-per-gpu",
 })
+# Stages the plan adds by itself (not in spec.stages), whose resources cluster.stages may set.
+PLAN_ONLY_STAGES = ("image",)
 SBATCH_VALUE_RE = re.compile(r"^[A-Za-z0-9._,:=@+/\[\]*-]+$")
 URL_RE = re.compile(r"^[a-z][a-z0-9+.-]*://\S+$")
 
@@ -76,6 +78,12 @@ def check_sbatch(spec: Spec) -> list[Issue]:
             issues.append(Issue(loc, "value goes on an #SBATCH line, which cannot be quoted: use letters, digits "
                                      "and . _ , : = @ + / [ ] * - only"))
     for stage, res in spec.cluster.stages.items():
+        if stage in PLAN_ONLY_STAGES:
+            for field in ("nodes", "tasks_per_node", "gpus_per_node"):
+                if getattr(res, field):
+                    issues.append(Issue(("cluster", "stages", stage, field),
+                                        f"the {stage} stage is one CPU task on one node"))
+            continue
         if stage in BUILTIN_STAGES and stage != "train":
             for field in ("nodes", "tasks_per_node"):
                 if (getattr(res, field) or 1) > 1:

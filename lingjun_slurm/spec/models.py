@@ -135,7 +135,23 @@ class ContainerSpec(Strict):
     mount_home: bool = Field(default=False, description="Mount the user's home (--container-mount-home).")
     remap_root: bool = Field(default=False, description="Appear as root inside (--container-remap-root).")
     writable: bool = Field(default=True, description="Writable root filesystem (--container-writable).")
-    name: Optional[Name] = Field(default=None, description="Container name for reuse across steps (--container-name).")
+    name: Optional[Name] = Field(
+        default=None,
+        description="Name the container for reuse across the srun steps of one job (--container-name). The name "
+                    "used is <name>-<run key>-<image key>-<job id>, and each job removes its container at its end "
+                    "(docs/rendering.md#containers).",
+    )
+    stage: Literal["auto", "never"] = Field(
+        default="auto",
+        description="auto: a first job of the chain imports a registry image once (enroot import) into "
+                    "cache_dir, keyed by its digest, and every stage runs that .sqsh; never: every srun imports "
+                    "the image itself. A .sqsh image is always used as it is.",
+    )
+    cache_dir: Optional[SafePath] = Field(
+        default=None,
+        description="Host directory on shared storage for staged images (yours, not writable by others). "
+                    "Default: <workdir>/images.",
+    )
     env_passthrough: list[EnvName] = Field(
         default_factory=list,
         description="More host variables to force into the container (--container-env), beyond those the job sets.",

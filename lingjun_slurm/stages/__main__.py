@@ -4,10 +4,11 @@
     python3 -m lingjun_slurm.stages merge      --plan PLAN.json
     python3 -m lingjun_slurm.stages train      --plan PLAN.json
     python3 -m lingjun_slurm.stages checkpoint --plan PLAN.json
+    python3 -m lingjun_slurm.stages image      --plan PLAN.json   (on the host: stages the image)
 
 This module validates the contract (arguments, plan schema), checks that the Python running
 it has the packages the stage needs (runtime.py), and hands the plan to the stage's module:
-stages/preprocess.py, merge.py, train.py, checkpoint.py.
+stages/preprocess.py, merge.py, train.py, checkpoint.py, image.py.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from .runtime import PLAN_SCHEMA, check
 
-STAGES = ("preprocess", "merge", "train", "checkpoint")
+STAGES = ("image", "preprocess", "merge", "train", "checkpoint")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -59,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         if problem:
             print(problem, file=sys.stderr)
             return 1
+    if args.stage == "image":
+        from . import image
+
+        return image.main(plan, args.plan)
     if args.stage == "preprocess":
         from . import preprocess
 

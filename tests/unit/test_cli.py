@@ -34,13 +34,13 @@ def test_render_writes_all_files_and_prints_the_chain(capsys, tmp_path: Path) ->
     code, out, _ = run_cli(capsys, "render", str(EXAMPLE), "-o", str(tmp_path / "out"))
     assert code == 0
     names = sorted(p.name for p in (tmp_path / "out").iterdir())
-    assert names == ["checkpoint.sbatch", "eval.sbatch", "merge.sbatch", "plan.json", "preprocess.sbatch",
+    assert names == ["checkpoint.sbatch", "eval.sbatch", "image.sbatch", "merge.sbatch", "plan.json", "preprocess.sbatch",
                      "submit.sh", "train.sbatch"]
     assert "afterok:merge" in out and "array 0-15" in out
     plan = json.loads((tmp_path / "out" / "plan.json").read_text())
     assert plan["schema"] == 1
-    assert [s["name"] for s in plan["stages"]][:4] == ["preprocess", "merge", "train", "checkpoint"]
-    assert plan["stages"][2]["depends_on"] == [{"stage": "merge", "type": "afterok"}]
+    assert [s["name"] for s in plan["stages"]][:5] == ["image", "preprocess", "merge", "train", "checkpoint"]
+    assert plan["stages"][3]["depends_on"] == [{"stage": "merge", "type": "afterok"}]
     train = (tmp_path / "out" / "train.sbatch").read_text()
     # The header says how to reproduce the script.
     assert f"lingjun-slurm render {EXAMPLE} -o {tmp_path / 'out'}" in train
@@ -49,7 +49,7 @@ def test_render_writes_all_files_and_prints_the_chain(capsys, tmp_path: Path) ->
     env_line = next(line for line in train.splitlines() if "--container-env=" in line)
     for key in ("NCCL_IB_TC", "NCCL_SOCKET_IFNAME", "NCCL_DEBUG", "CUDA_DEVICE_MAX_CONNECTIONS", "MASTER_ADDR"):
         assert key in env_line
-    assert "--container-image=dsw-registry-vpc.cn-wulanchabu.cr.aliyuncs.com#pai/" in train
+    assert "--container-image=\"$LINGJUN_IMAGE\"" in train  # the staged .sqsh (image stage)
     assert "--container-mounts=/mnt/cpfs:/mnt/cpfs,/mnt/data:/mnt/data:ro" in train
     assert (tmp_path / "out" / "submit.sh").stat().st_mode & 0o111
 

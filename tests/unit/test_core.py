@@ -10,7 +10,7 @@ import yaml
 from lingjun_slurm.container import lint_image, parse_mount
 from lingjun_slurm.megatron import args as margs
 from lingjun_slurm.megatron import versions
-from lingjun_slurm.plan import build_plan
+from lingjun_slurm.plan import Dependency, build_plan
 from lingjun_slurm.shell import Shell, quote
 from lingjun_slurm.spec import parse_spec
 from lingjun_slurm.timefmt import format_time, parse_time
@@ -108,7 +108,7 @@ def test_command_stages_hang_off_their_anchor_not_the_chain() -> None:
     ]
     plan = build_plan(parse_spec(yaml.safe_dump(raw), "x").spec)
     deps = {s.name: [(d.stage, d.type) for d in s.depends_on] for s in plan.stages}
-    assert [s.name for s in plan.stages] == ["fetch", "preprocess", "merge", "train", "eval", "checkpoint", "notify"]
+    assert [s.name for s in plan.stages] == ["image", "fetch", "preprocess", "merge", "train", "eval", "checkpoint", "notify"]
     assert deps["preprocess"] == [("fetch", "afterok")]
     assert deps["eval"] == [("train", "afterok")]
     assert deps["checkpoint"] == [("train", "afterok")]  # not on eval
@@ -121,8 +121,8 @@ def test_skipped_stages_and_dependency_rewiring() -> None:
                      "commands": [{"name": "fetch", "before": "train", "command": "true"}]}
     raw["data"]["prefix"] = "/mnt/data/ready_text_document"
     plan = build_plan(parse_spec(yaml.safe_dump(raw), "x").spec)
-    assert [s.name for s in plan.stages] == ["fetch", "train", "checkpoint"]
-    assert plan.stage("fetch").depends_on == ()
+    assert [s.name for s in plan.stages] == ["image", "fetch", "train", "checkpoint"]
+    assert plan.stage("fetch").depends_on == (Dependency("image", "afterok"),)  # its container needs the image
     assert [d.stage for d in plan.stage("train").depends_on] == ["fetch"]
     assert "--data-path" in [w for w in plan.stage("train").commands[0] if isinstance(w, str)]
     train_cmd = plan.stage("train").commands[0]

@@ -111,10 +111,21 @@ def make_stubs(bindir: Path) -> None:
         path.chmod(path.stat().st_mode | stat.S_IEXEC)
 
 
+def fake_image_record(run_dir: Path) -> None:
+    """What the image stage leaves for the later stages: $RUN_DIR/image/{sqsh,digest}."""
+    sqsh = run_dir / "images" / ("sha256-" + "ab" * 32 + ".sqsh")
+    sqsh.parent.mkdir(exist_ok=True)
+    sqsh.write_bytes(b"hsqs")
+    (run_dir / "image").mkdir(exist_ok=True)
+    (run_dir / "image" / "sqsh").write_text(f"{sqsh}\n")
+    (run_dir / "image" / "digest").write_text("sha256:" + "ab" * 32 + "\n")
+
+
 def run_all_scripts(outdir: Path, bindir: Path, tmp: Path) -> list[tuple[str, int, str]]:
     env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "LINGJUN_RUN_DIR": str(outdir),
            "STUB_LOG": str(tmp / "stub.log"), "STUB_ARGV": str(tmp / "argv.log"), "SLURM_JOB_ID": "4242",
            "SLURM_JOB_NODELIST": "node1", "SLURM_ARRAY_TASK_ID": "0", "HOME": str(tmp)}
+    fake_image_record(outdir)
     results = []
     for script in sorted(outdir.iterdir()):
         if script.suffix in (".sbatch", ".sh"):

@@ -18,6 +18,7 @@ import pytest
 
 from lingjun_slurm.cli import main
 from tests.conftest import REPO
+from tests.unit.test_hostile import fake_image_record
 
 TINY = REPO / "examples" / "tiny-gpt.yaml"
 
@@ -182,6 +183,7 @@ def test_a_finished_run_behind_a_mount_is_not_requeued(tmp_path: Path, capsys) -
     spec = pyxis_spec(tmp_path, "/ckpt/x", [f"{lustre}:/ckpt"])
     out = tmp_path / "out"
     assert main_rc(["render", str(spec), "-o", str(out)], capsys) == 0
+    fake_image_record(out)
     script = (out / "train.sbatch").read_text()
     assert f"tracker={lustre}/x/latest_checkpointed_iteration.txt" in script
     assert f"--container-mounts={lustre}:/ckpt" in script

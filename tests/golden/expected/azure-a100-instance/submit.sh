@@ -26,12 +26,15 @@ submit() {
   printf '%s\n' "${out%%;*}"
 }
 
-job[train]=$(submit train.sbatch)
+job[image]=$(submit image.sbatch)
+submitted+=("${job[image]}")
+job[train]=$(submit --dependency=afterok:"${job[image]}" train.sbatch)
 submitted+=("${job[train]}")
 job[checkpoint]=$(submit --dependency=afterok:"${job[train]}" checkpoint.sbatch)
 submitted+=("${job[checkpoint]}")
 scontrol release "$(IFS=,; echo "${submitted[*]}")"
 trap - ERR
 echo "lingjun-slurm: submitted run a100-throughput:"
-echo "  train  job ${job[train]}"
+echo "  image  job ${job[image]}"
+echo "  train  job ${job[train]}  after image (afterok)"
 echo "  checkpoint  job ${job[checkpoint]}  after train (afterok)"

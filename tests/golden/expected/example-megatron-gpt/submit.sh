@@ -26,7 +26,9 @@ submit() {
   printf '%s\n' "${out%%;*}"
 }
 
-job[preprocess]=$(submit preprocess.sbatch)
+job[image]=$(submit image.sbatch)
+submitted+=("${job[image]}")
+job[preprocess]=$(submit --dependency=afterok:"${job[image]}" preprocess.sbatch)
 submitted+=("${job[preprocess]}")
 job[merge]=$(submit --dependency=afterok:"${job[preprocess]}" merge.sbatch)
 submitted+=("${job[merge]}")
@@ -39,7 +41,8 @@ submitted+=("${job[eval]}")
 scontrol release "$(IFS=,; echo "${submitted[*]}")"
 trap - ERR
 echo "lingjun-slurm: submitted run llama8b-pretrain:"
-echo "  preprocess  job ${job[preprocess]}"
+echo "  image  job ${job[image]}"
+echo "  preprocess  job ${job[preprocess]}  after image (afterok)"
 echo "  merge  job ${job[merge]}  after preprocess (afterok)"
 echo "  train  job ${job[train]}  after merge (afterok)"
 echo "  checkpoint  job ${job[checkpoint]}  after train (afterok)"

@@ -26,12 +26,15 @@ submit() {
   printf '%s\n' "${out%%;*}"
 }
 
-job[train]=$(submit train.sbatch)
+job[image]=$(submit image.sbatch)
+submitted+=("${job[image]}")
+job[train]=$(submit --dependency=afterok:"${job[image]}" train.sbatch)
 submitted+=("${job[train]}")
 job[upload-logs]=$(submit --dependency=afterany:"${job[train]}" upload-logs.sbatch)
 submitted+=("${job[upload-logs]}")
 scontrol release "$(IFS=,; echo "${submitted[*]}")"
 trap - ERR
 echo "lingjun-slurm: submitted run roce-finetune:"
-echo "  train  job ${job[train]}"
+echo "  image  job ${job[image]}"
+echo "  train  job ${job[train]}  after image (afterok)"
 echo "  upload-logs  job ${job[upload-logs]}  after train (afterany)"

@@ -26,9 +26,11 @@ submit() {
   printf '%s\n' "${out%%;*}"
 }
 
+job[image]=$(submit image.sbatch)
+submitted+=("${job[image]}")
 job[fetch-corpus]=$(submit fetch-corpus.sbatch)
 submitted+=("${job[fetch-corpus]}")
-job[preprocess]=$(submit --dependency=afterok:"${job[fetch-corpus]}" preprocess.sbatch)
+job[preprocess]=$(submit --dependency=afterok:"${job[image]}",afterok:"${job[fetch-corpus]}" preprocess.sbatch)
 submitted+=("${job[preprocess]}")
 job[merge]=$(submit --dependency=afterok:"${job[preprocess]}" merge.sbatch)
 submitted+=("${job[merge]}")
@@ -39,8 +41,9 @@ submitted+=("${job[checkpoint]}")
 scontrol release "$(IFS=,; echo "${submitted[*]}")"
 trap - ERR
 echo "lingjun-slurm: submitted run smoke-tcp:"
+echo "  image  job ${job[image]}"
 echo "  fetch-corpus  job ${job[fetch-corpus]}"
-echo "  preprocess  job ${job[preprocess]}  after fetch-corpus (afterok)"
+echo "  preprocess  job ${job[preprocess]}  after image (afterok), fetch-corpus (afterok)"
 echo "  merge  job ${job[merge]}  after preprocess (afterok)"
 echo "  train  job ${job[train]}  after merge (afterok)"
 echo "  checkpoint  job ${job[checkpoint]}  after train (afterok)"
