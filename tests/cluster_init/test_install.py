@@ -64,7 +64,7 @@ def test_execute_fresh_node_then_nothing_changes(make_node, os_family):
     assert "ENROOT_SQUASH_OPTIONS -noI -noD -noF -noX -no-duplicates\n" in enroot_conf
     assert "ENROOT_CONFIG_PATH" not in enroot_conf
     assert node.path("/etc/slurm/plugstack.conf.d/pyxis.conf").read_text().endswith(
-        "required /usr/lib64/slurm/spank_pyxis.so runtime_path=/tmp/enroot/pyxis\n")
+        "required /usr/lib64/slurm/spank_pyxis.so runtime_path=/tmp/enroot/pyxis container_scope=job\n")
     plugin = node.path("/usr/lib64/slurm/spank_pyxis.so").read_text()
     assert '-DPYXIS_VERSION=\\"0.24.0\\"' in plugin, "CPPFLAGS must reach make through the environment"
     assert "spank.h of Slurm 23.11" in plugin, "built against the node's Slurm headers"
@@ -157,7 +157,8 @@ def test_plugstack_include_is_added_once(make_node):
 
 def test_file_mode_gives_the_same_node_as_jetpack_mode(make_node):
     config = {"lingjun_slurm.nccl.instance_type": "ml.gu7xf.8xlarge-gu108",
-              "lingjun_slurm.pyxis.options": "container_scope=global sbatch_support=1",
+              "lingjun_slurm.pyxis.container_scope": "global",
+              "lingjun_slurm.pyxis.options": "sbatch_support=1",
               "lingjun_slurm.health.enroot_image": "/shared/images/pytorch-24.05.sqsh"}
     by_jetpack, by_file = make_node(config=config), make_node(config=config)
     for node in (by_jetpack, by_file):
@@ -183,6 +184,7 @@ def test_changed_config_is_applied_and_restarts_slurmd_again(make_node):
     result = node.run("execute")
     assert result.returncode == 0, result.stderr
     assert sorted(changes(result.stdout)) == sorted([
+        "[lingjun-slurm] changed: /etc/lingjun-slurm/pyxis-plugstack.env",
         "[lingjun-slurm] changed: /etc/slurm/plugstack.conf.d/pyxis.conf",
         "[lingjun-slurm] changed: /etc/nccl.conf",
         "[lingjun-slurm] changed: /etc/lingjun-slurm/installed-execute.env"])
@@ -327,4 +329,6 @@ def test_node_tests_fail_on_a_broken_node(make_node):
     assert check.returncode == 1
     assert "FAIL pyxis plugin /usr/lib64/slurm/spank_pyxis.so (0644)" in check.stdout
     assert "FAIL pyxis enabled in /etc/slurm/plugstack.conf.d/pyxis.conf" in check.stdout
-    assert "2 check(s) failed" in check.stdout
+    assert "FAIL pyxis container_scope=job" in check.stdout
+    assert "FAIL exactly one pyxis entry in /etc/slurm/plugstack.conf.d/*" in check.stdout
+    assert "4 check(s) failed" in check.stdout

@@ -122,7 +122,7 @@ def test_yaml_subset_values(make_node):
         "---",
         "# quoted and plain values, comments",
         "lingjun_slurm.nccl.profile: lingjun   # the Lingjun RoCE profile",
-        "lingjun_slurm.pyxis.options: \"container_scope=global # not a comment\"",
+        "lingjun_slurm.pyxis.options: \"sbatch_support=1 # not a comment\"",
         "lingjun_slurm.health.enroot_image: '/shared/images/pytorch#24.05.sqsh'",
         "lingjun_slurm.enroot.mount_home: yes",
         "lingjun_slurm.health.min_free_gb: 100",
@@ -131,8 +131,8 @@ def test_yaml_subset_values(make_node):
     node = make_node()
     result = node.run("execute", mode="file", config_text=text)
     assert result.returncode == 0, result.stderr
-    assert "lingjun_slurm.pyxis.options = container_scope=global # not a comment" in result.stdout
-    assert "runtime_path=/tmp/enroot/pyxis container_scope=global # not a comment\n" in \
+    assert "lingjun_slurm.pyxis.options = sbatch_support=1 # not a comment" in result.stdout
+    assert "runtime_path=/tmp/enroot/pyxis container_scope=job sbatch_support=1 # not a comment\n" in \
         node.path("/etc/slurm/plugstack.conf.d/pyxis.conf").read_text()
     conf = node.path("/etc/lingjun-slurm/health.conf").read_text()
     assert "ENROOT_IMAGE=/shared/images/pytorch#24.05.sqsh\n" in conf and "MIN_FREE_GB=100\n" in conf

@@ -72,6 +72,7 @@ lj_pyxis_build_current() {
 lj_pyxis_preflight() {
     local mode version file headers inc provided expected
     mode=$(lj_cfg pyxis.mode)
+    lj_pyxis_options_check
     [ "$mode" != skip ] || return 0
     LJ_PYXIS_PLUGIN="$(lj_pyxis_plugin_dir)/spank_pyxis.so"
     if [ "$mode" = provided ]; then
@@ -140,25 +141,101 @@ lj_pyxis_runtime_path() {
     printf '%s' "$path"
 }
 
+readonly LJ_PYXIS_HOOK=/usr/local/sbin/lingjun-pyxis-plugstack
+readonly LJ_PYXIS_HOOK_STATE=/etc/lingjun-slurm/pyxis-plugstack.env
+readonly LJ_SYSTEMD_DIR=/etc/systemd/system
+LJ_SYSTEMD_RELOAD=0
+
+# lj_pyxis_options_check: lingjun_slurm.pyxis.options must not set what a key of its own sets
+# (pyxis takes the last of repeated options, config.c:43-104, so which one wins would depend
+# on the order of the line).
+lj_pyxis_options_check() {
+    local opt
+    for opt in $(lj_cfg pyxis.options); do
+        case $opt in
+        container_scope=*) lj_config_bad lingjun_slurm.pyxis.options "container_scope is set by lingjun_slurm.pyxis.container_scope (job or global), not here" ;;
+        runtime_path=*) lj_config_bad lingjun_slurm.pyxis.options "runtime_path is set by lingjun_slurm.pyxis.runtime_path, not here" ;;
+        esac
+    done
+}
+
+# lj_pyxis_units CONF_DIR: the systemd units that re-apply our pyxis entry after another
+# installer rewrote pyxis.conf (see files/lingjun-pyxis-plugstack): before slurmd starts
+# (execute nodes; cyclecloud-slurm starts slurmd after every cluster-init script, its
+# delayed_services.rb), and whenever the file changes (every role: srun/sbatch read it too).
+lj_pyxis_units() {
+    local conf_dir=$1 role=$2
+    {
+        printf '# Managed by lingjun-slurm cluster-init: re-applies lingjun-slurm'"'"'s pyxis entry.\n'
+        printf '[Unit]\nDescription=lingjun-slurm: the pyxis entry of %s/plugstack.conf.d/pyxis.conf\n\n' "$conf_dir"
+        printf '[Service]\nType=oneshot\nExecStart=%s\n' "$LJ_PYXIS_HOOK"
+    } | lj_install_text "$LJ_SYSTEMD_DIR/lingjun-pyxis-plugstack.service" 0644
+    [ "$LJ_LAST_CHANGED" -eq 0 ] || LJ_SYSTEMD_RELOAD=1
+    {
+        printf '# Managed by lingjun-slurm cluster-init: another installer rewriting pyxis.conf\n'
+        printf '# (cyclecloud-slurm'"'"'s install.py) is undone at once.\n'
+        printf '[Unit]\nDescription=lingjun-slurm: watch %s/plugstack.conf.d/pyxis.conf\n\n' "$conf_dir"
+        printf '[Path]\nPathChanged=%s/plugstack.conf.d/pyxis.conf\nUnit=lingjun-pyxis-plugstack.service\n\n' "$conf_dir"
+        printf '[Install]\nWantedBy=multi-user.target\n'
+    } | lj_install_text "$LJ_SYSTEMD_DIR/lingjun-pyxis-plugstack.path" 0644
+    [ "$LJ_LAST_CHANGED" -eq 0 ] || LJ_SYSTEMD_RELOAD=1
+    if [ "$role" = execute ]; then
+        {
+            printf '# Managed by lingjun-slurm cluster-init: slurmd loads lingjun-slurm'"'"'s pyxis entry,\n'
+            printf '# whichever installer wrote pyxis.conf last ("-": never keeps slurmd from starting).\n'
+            printf '[Service]\nExecStartPre=-%s\n' "$LJ_PYXIS_HOOK"
+        } | lj_install_text "$LJ_SYSTEMD_DIR/slurmd.service.d/lingjun-pyxis.conf" 0644
+        [ "$LJ_LAST_CHANGED" -eq 0 ] || LJ_SYSTEMD_RELOAD=1
+    fi
+    if [ "$LJ_SYSTEMD_RELOAD" -eq 1 ]; then
+        lj_run systemctl daemon-reload || lj_warn "systemctl daemon-reload failed"
+        lj_run systemctl enable --now lingjun-pyxis-plugstack.path ||
+            lj_warn "could not enable lingjun-pyxis-plugstack.path: slurmd still re-applies the pyxis entry when it starts"
+    fi
+}
+
+# lj_pyxis_install ROLE: the plugin (build or provided) and the one pyxis entry in
+# plugstack.conf.d/pyxis.conf, written by files/lingjun-pyxis-plugstack from
+# /etc/lingjun-slurm/pyxis-plugstack.env. pyxis.mode = skip installs no plugin: a pyxis entry
+# someone else wrote (cyclecloud-slurm's, plugin /opt/pyxis/spank_pyxis.so) keeps its plugin and
+# runtime_path and gets our container_scope and options.
 lj_pyxis_install() {
-    local mode conf_dir runtime options
+    local role=${1-} mode conf_dir runtime="" plugin="" out line changed
     mode=$(lj_cfg pyxis.mode)
-    [ "$mode" != skip ] || return 0
     conf_dir=$(lj_cfg slurm.conf_dir)
     if [ "$mode" = provided ]; then
         lj_install_file "$(lj_path "$(lj_cfg pyxis.provided_plugin)")" "$LJ_PYXIS_PLUGIN" 0644
         [ "$LJ_LAST_CHANGED" -eq 0 ] || LJ_SLURMD_RESTART=1
-    elif [ -n "$LJ_PYXIS_TARBALL" ]; then
+    elif [ "$mode" = build ] && [ -n "$LJ_PYXIS_TARBALL" ]; then
         lj_pyxis_build
     fi
-    runtime=$(lj_pyxis_runtime_path)
-    [ -z "$LJ_SCRATCH" ] || lj_ensure_dir "$runtime" 0755
-    options=$(lj_cfg pyxis.options)
+    if [ "$mode" = skip ]; then
+        runtime=$(lj_cfg pyxis.runtime_path)
+    else
+        plugin=$LJ_PYXIS_PLUGIN
+        runtime=$(lj_pyxis_runtime_path)
+        [ -z "$LJ_SCRATCH" ] || lj_ensure_dir "$runtime" 0755
+    fi
+    lj_install_file "$LJ_FILES/lingjun-pyxis-plugstack" "$LJ_PYXIS_HOOK" 0755
     {
-        printf '# Managed by lingjun-slurm cluster-init: set lingjun_slurm.pyxis.* instead.\n'
-        printf 'required %s runtime_path=%s%s\n' "$LJ_PYXIS_PLUGIN" "$runtime" "${options:+ $options}"
-    } | lj_install_text "$conf_dir/plugstack.conf.d/pyxis.conf" 0644
-    [ "$LJ_LAST_CHANGED" -eq 0 ] || LJ_SLURMD_RESTART=1
-    lj_plugstack_include "$conf_dir"
-    [ "$LJ_LAST_CHANGED" -eq 0 ] || LJ_SLURMD_RESTART=1
+        printf '# Written by lingjun-slurm cluster-init; read by %s.\n' "$LJ_PYXIS_HOOK"
+        printf '# PLUGIN and RUNTIME_PATH empty: keep those of the pyxis entry found in CONF.\n'
+        printf 'CONF=%s\nPLUGIN=%s\nRUNTIME_PATH=%s\nCONTAINER_SCOPE=%s\nOPTIONS=%s\n' \
+            "$conf_dir/plugstack.conf.d/pyxis.conf" "$plugin" "$runtime" \
+            "$(lj_cfg pyxis.container_scope)" "$(lj_cfg pyxis.options)"
+    } | lj_install_text "$LJ_PYXIS_HOOK_STATE" 0644
+    out=$(LINGJUN_NODE_ROOT=$LJ_ROOT "$(lj_path "$LJ_PYXIS_HOOK")") || lj_die "$LJ_PYXIS_HOOK failed"
+    changed=0
+    while IFS= read -r line; do
+        case $line in
+        "changed: "*) lj_changed "${line#changed: }"; changed=1 ;;
+        ?*) lj_log "$line" ;;
+        esac
+    done <<<"$out"
+    [ "$changed" -eq 0 ] || LJ_SLURMD_RESTART=1
+    lj_pyxis_units "$conf_dir" "$role"
+    if [ "$mode" != skip ]; then
+        lj_plugstack_include "$conf_dir"
+        [ "$LJ_LAST_CHANGED" -eq 0 ] || LJ_SLURMD_RESTART=1
+    fi
 }

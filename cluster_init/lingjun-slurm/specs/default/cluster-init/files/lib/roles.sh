@@ -39,7 +39,7 @@ lj_role_execute() {
     lj_enroot_install
     lj_enroot_configure
     lj_enroot_credentials
-    lj_pyxis_install
+    lj_pyxis_install execute
     if lj_cfg_true nccl.enabled; then
         lj_nccl_install
     fi
@@ -47,6 +47,7 @@ lj_role_execute() {
     lj_state_write execute "SCRATCH=$LJ_SCRATCH" \
         "ENROOT_INSTALL=$(lj_cfg enroot.install)" "ENROOT_VERSION=$(lj_cfg enroot.version)" \
         "HOOKS=$(lj_cfg enroot.hooks)" "PYXIS_MODE=$pyxis_mode" "PYXIS_PLUGIN=$LJ_PYXIS_PLUGIN" \
+        "PYXIS_CONTAINER_SCOPE=$(lj_cfg pyxis.container_scope)" \
         "SLURM_CONF_DIR=$(lj_cfg slurm.conf_dir)" "NCCL_PROFILE=$LJ_NCCL_PROFILE" "SKU=$LJ_SKU" \
         "HEALTH=$(lj_cfg health.enabled)" "CREDENTIALS=$([ -n "$LJ_CRED_STAGED" ] && echo true || echo false)"
     lj_slurmd_restart_mark
@@ -60,10 +61,11 @@ lj_role_submit_host() {
     local role=$1
     lj_pyxis_preflight
     lj_ensure_dir /etc/lingjun-slurm 0755
-    lj_pyxis_install
+    lj_pyxis_install "$role"
     if [ "$role" = scheduler ]; then
         lj_slurm_health_conf
     fi
     lj_state_write "$role" "PYXIS_MODE=$(lj_cfg pyxis.mode)" "PYXIS_PLUGIN=$LJ_PYXIS_PLUGIN" \
+        "PYXIS_CONTAINER_SCOPE=$(lj_cfg pyxis.container_scope)" \
         "SLURM_CONF_DIR=$(lj_cfg slurm.conf_dir)" "HEALTH=$(lj_cfg health.enabled)"
 }
