@@ -405,6 +405,9 @@ def cancel(run: str, stage: Optional[str], host: Optional[str], cluster: Optiona
             from .status import ACTIVE, StatusCollector
 
             live = {s.name: s for s in StatusCollector(t).collect([m])[0].stages}
+            running = [j for n in names if live[n].state == "RUNNING" for j in m.stage(n).job_ids]
+            if running:
+                live = _stop_steps_first(t, m, names, running)
             ids = [j for n in names if live[n].state in ACTIVE for j in m.stage(n).job_ids]
             SlurmCLI(t).cancel(ids)
             ended = [n for n in names if live[n].state not in ACTIVE]
@@ -412,6 +415,30 @@ def cancel(run: str, stage: Optional[str], host: Optional[str], cluster: Optiona
                        + (f"; already ended: {', '.join(ended)}" if ended else ""))
         with locked_manifest(t, m.run_dir) as rec:
             rec.event("cancel", stages=names)
+
+
+# How long cancel lets running jobs end their steps and clean up before it cancels them.
+STEP_STOP_WAIT_S = 30.0
+
+
+def _stop_steps_first(t, m, names: list[str], running: list[str]) -> dict:
+    """SIGTERM to the running jobs' steps only (scancel --signal=TERM: "signals other than SIGKILL
+    are not sent to the batch step", scancel(1) --full): each batch script then ends while its job
+    still holds its nodes, so its EXIT handler can remove the job's named containers (pyxis keeps
+    them under container_scope=global) before the final scancel. One squeue per second, 30 s at most."""
+    import time
+
+    from .slurm.client import SlurmCLI
+    from .status import StatusCollector
+
+    SlurmCLI(t).cancel(running, signal="TERM")
+    deadline = time.monotonic() + STEP_STOP_WAIT_S
+    while True:
+        live = {s.name: s for s in StatusCollector(t).collect([m])[0].stages}
+        still = [n for n in names if live[n].state == "RUNNING" and set(m.stage(n).job_ids) & set(running)]
+        if not still or time.monotonic() >= deadline:
+            return live
+        time.sleep(1.0)
 
 
 @click.command(epilog=EXIT_CODES)

@@ -226,7 +226,7 @@ def container_plan(spec: Spec, run_id: str, pyxis: bool) -> ContainerPlan:
 
 
 def image_resources(spec: Spec) -> StageResources:
-    """One CPU task; cluster.stages.image, else the first CPU-only built-in stage's partition and
+    """One task of 2 CPUs (enroot import, mksquashfs); cluster.stages.image, else the first CPU-only built-in stage's partition and
     limits (the CPU partition when the chain has one), else cluster.defaults; one hour by default."""
     own = spec.cluster.stages.get("image")
     res = merge_resources(spec, own)
@@ -238,7 +238,7 @@ def image_resources(spec: Spec) -> StageResources:
                 break
     if own is None or own.time is None:
         time_s = 3600
-    return StageResources(partition, 1, 1, 0, res.cpus_per_task or 4, res.mem, time_s, False)
+    return StageResources(partition, 1, 1, 0, res.cpus_per_task or 2, res.mem, time_s, False)
 
 
 def _launcher(spec: Spec, st_kind: str, names: list[str], use_container: bool,
