@@ -193,11 +193,13 @@ def _register() -> None:
     from .cli_checkpoint import checkpoint
     from .cli_devcluster import dev_cluster
     from .cli_health import health
+    from .cli_image import image
     from .cli_nccltest import nccl_test
 
     cli.add_command(checkpoint)
     cli.add_command(dev_cluster)
     cli.add_command(health)
+    cli.add_command(image)
     cli.add_command(nccl_test)
 
 
