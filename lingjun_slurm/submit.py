@@ -14,6 +14,8 @@ spec left unset are recorded in the manifest (`defaults`) and re-applied by resu
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import secrets
 import shlex
@@ -306,8 +308,13 @@ def resubmit_slurm(t: Transport, run_dir: str, stage: str, state_of: Callable[[s
     if manifest.executor != "slurm":
         raise UsageError(f"run {manifest.run_id} ran with the {manifest.executor} executor")
     names = stages_from(manifest, stage)
-    prep = prepare(reload_spec(t, run_dir, manifest), run_id=manifest.run_id, executor="slurm",
-                   defaults=manifest.defaults)
+    loaded = reload_spec(t, run_dir, manifest)
+    if "image" not in manifest.stage_names() and loaded.spec.container.stage == "auto":
+        # A run submitted before the image stage existed (CHANGELOG.md, 0.2.0) keeps its chain:
+        # its stages go on importing the image themselves.
+        loaded = dataclasses.replace(loaded, spec=loaded.spec.model_copy(update={
+            "container": loaded.spec.container.model_copy(update={"stage": "never"})}))
+    prep = prepare(loaded, run_id=manifest.run_id, executor="slurm", defaults=manifest.defaults)
     if [st.name for st in prep.plan.stages] != manifest.stage_names():
         raise SubmitError(f"{run_dir}/spec.yaml no longer renders the stages {manifest.stage_names()}")
     known: dict[str, list[str]] = {}

@@ -126,3 +126,24 @@ def test_leftovers_of_an_ended_job_are_swept_by_the_next(tmp_path: Path, env: di
     cli("resubmit", run_id, "--from", "work", env=env)
     wait_for(run_id, env, lambda s: all_ended(s) and s["work"]["state"] == "COMPLETED", timeout=120)
     assert own_containers(env) == {}, containers(env)
+
+
+@pytest.mark.slurm
+def test_a_run_from_before_the_image_stage_still_resubmits(tmp_path: Path, env: dict[str, str]) -> None:
+    """Upgrades (issue 12 item 7): a run record without an image stage re-renders its own chain; its
+    stages import the image themselves, as they did when it was submitted."""
+    spec = command_chain(tmp_path, "true")
+    run_id = submitted_run_id(cli("submit", str(spec), "--executor", "slurm", env=env).stdout)
+    wait_for(run_id, env, all_ended, timeout=120)
+    manifest_path = tmp_path / "w" / "runs" / run_id / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["stages"] = [s for s in manifest["stages"] if s["name"] != "image"]
+    for s in manifest["stages"]:
+        s["depends_on"] = [d for d in s.get("depends_on", []) if d.get("stage") != "image"]
+    manifest_path.write_text(json.dumps(manifest, indent=1))
+    before = len(imports(env))
+    cli("resubmit", run_id, "--from", "work", env=env)
+    stages = wait_for(run_id, env, lambda s: all_ended(s) and s["work"]["state"] == "COMPLETED", timeout=120)
+    assert "image" not in stages
+    assert len(imports(env)) == before + 2                          # one per node: the old behaviour
+    assert cli("status", run_id, env=env).returncode == 0
