@@ -67,6 +67,9 @@ class Profile:
     nccl_references: tuple[NcclReference, ...] = ()
     nccl_tests_env: tuple[EnvVar, ...] = ()  # scope "nccl-tests"
     revisions: tuple[Revision, ...] = ()
+    # srun --cpu-bind for the train stage's tasks where the SKU's CPU/GPU topology is published:
+    # (tasks per node it is for, value, source); used when training.cpu_bind is "profile".
+    cpu_bind: tuple[int, str, str] | None = None
 
     def env_for(self, scope: str = "jobs") -> tuple[EnvVar, ...]:
         """The profile's variables in a scope (see SCOPES), in order."""
@@ -117,6 +120,8 @@ def profiles() -> dict[str, Profile]:
                                      used_for=" ".join(str(r["used_for"]).split()))
                             for r in raw.get("revision") or ()),
             mounts=tuple(raw.get("mounts") or ()),
+            cpu_bind=(int(raw["cpu_bind"]["tasks_per_node"]), str(raw["cpu_bind"]["value"]),
+                      " ".join(str(raw["cpu_bind"]["source"]).split())) if raw.get("cpu_bind") else None,
             nccl_references=tuple(
                 NcclReference(op=r["op"], busbw_gbps=float(r["busbw_gbps"]), size=str(r["size"]), nodes=int(r["nodes"]),
                               gpus_per_node=int(r["gpus_per_node"]), source=" ".join(str(r["source"]).split()))

@@ -246,6 +246,13 @@ def _launcher(spec: Spec, st_kind: str, names: list[str], use_container: bool,
     words: list[Word] = ["srun"]
     if st_kind == "train":
         words.append("--kill-on-bad-exit=1")
+        if spec.training.cpu_bind:
+            bind = spec.training.cpu_bind
+            if bind == "profile":
+                prof = network.get_profile(network_env(spec).profile)
+                assert prof.cpu_bind is not None  # spec.checks.check_cpu_bind
+                bind = prof.cpu_bind[1]
+            words.append(f"--cpu-bind={bind}")
     if use_container:
         words += pyxis_flags(spec.container, spec.run.workdir, names,
                              image=cplan.image_word() if cplan else None,

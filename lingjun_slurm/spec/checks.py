@@ -141,6 +141,25 @@ def check_train_layout(spec: Spec) -> list[Issue]:
     return issues
 
 
+def check_cpu_bind(spec: Spec) -> list[Issue]:
+    if spec.training.cpu_bind != "profile" or spec.stages.train.skip:
+        return []
+    loc = ("training", "cpu_bind")
+    try:
+        prof = (network.get_profile(spec.cluster.network.profile) if spec.cluster.network.profile
+                else network.profile_for_instance(spec.cluster.network.instance_type or ""))
+    except UsageError:
+        return []  # check_network reports it
+    if prof.cpu_bind is None:
+        return [Issue(loc, f"network profile {prof.name!r} publishes no CPU/GPU topology; give a --cpu-bind "
+                           "value (cores, ldoms, map_ldom:..., mask_cpu:...) or leave it unset")]
+    tasks = builtin_resources(spec, "train").tasks_per_node
+    if tasks != prof.cpu_bind[0]:
+        return [Issue(loc, f"profile {prof.name!r}'s binding is for {prof.cpu_bind[0]} tasks per node, the train "
+                           f"stage runs {tasks}")]
+    return []
+
+
 def check_model(spec: Spec) -> list[Issue]:
     loc = ("model",)
     presets = model_presets()
@@ -333,7 +352,7 @@ def check_stages(spec: Spec) -> list[Issue]:
 
 
 RULES: tuple[Rule, ...] = (check_network, check_sbatch, check_container, check_env, check_megatron_lm, check_data,
-                           check_model, check_train_layout, check_training, check_checkpoint, check_stages)
+                           check_model, check_cpu_bind, check_train_layout, check_training, check_checkpoint, check_stages)
 
 
 def check(spec: Spec) -> list[Issue]:

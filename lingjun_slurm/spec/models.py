@@ -23,6 +23,9 @@ CONSTRAINT_RE = r"^[A-Za-z0-9._&|\[\]*()!:,-]+$"
 # Paths that appear on #SBATCH lines (log directory, --chdir) or in pyxis mount lists.
 SAFE_PATH_RE = r"^/[A-Za-z0-9._+@=/-]*$"
 ENV_NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
+# srun --cpu-bind values (srun(1)): one word, or a map/mask list of numbers.
+CPU_BIND_RE = (r"^(profile|(verbose,)?(none|no|cores|sockets|ldoms|threads|rank|rank_ldom|"
+               r"(map_cpu|mask_cpu|map_ldom|mask_ldom):(0x)?[0-9a-fA-F]+(,(0x)?[0-9a-fA-F]+)*))$")
 
 Name = Annotated[str, StringConstraints(pattern=NAME_RE)]
 SlurmWord = Annotated[str, StringConstraints(pattern=SLURM_WORD_RE)]
@@ -271,6 +274,12 @@ class TrainingSpec(Strict):
         description="Seconds before the time limit at which Slurm signals the job to save and exit.",
     )
     max_restarts: int = Field(default=3, ge=0, le=100, description="Requeues after a time-limit save.")
+    cpu_bind: Optional[Annotated[str, StringConstraints(pattern=CPU_BIND_RE)]] = Field(
+        default=None,
+        description="srun --cpu-bind for the train tasks: 'profile' (the network profile's published "
+                    "CPU/GPU topology, e.g. Azure ND H100/H200 v5), or a value such as cores, ldoms, "
+                    "map_ldom:0,0,1,1 or mask_cpu:0xff,...; default: Slurm's own binding.",
+    )
     extra_args: list[Text] = Field(
         default_factory=list, description="More pretrain_gpt.py arguments, passed verbatim (each one quoted)."
     )
