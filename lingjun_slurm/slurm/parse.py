@@ -267,6 +267,23 @@ def parse_squeue_json(text: str) -> list[JobInfo]:
     return [_squeue_job(record, index) for index, record in enumerate(jobs)]
 
 
+def _json_array_ids(raw_id: int, array_job: int | None, task: int | None,
+                    task_string: str) -> tuple[str, int | None, str | None]:
+    """(job id, array task, pending task list) of a JSON job record: "A_T" for one array task,
+    "A_[list]" for the still-pending rest of an array, Slurm's own id otherwise."""
+    task = task if task is not None and task < _NO_VAL32 else None
+    task_string = re.sub(r"%\d+$", "", task_string.strip())
+    if array_job is None:
+        return str(raw_id), None, None
+    if task is not None:
+        return f"{array_job}_{task}", task, None
+    if task_string.isdigit():
+        return f"{array_job}_{int(task_string)}", int(task_string), None
+    if task_string:
+        return f"{array_job}_[{task_string}]", None, task_string
+    return str(raw_id), None, None  # an array record with neither task id nor task list
+
+
 def _squeue_job(record: Any, index: int) -> JobInfo:
     if not isinstance(record, dict):
         raise SlurmParseError(f"squeue --json jobs[{index}] is a {type(record).__name__}, expected an object")
@@ -274,21 +291,8 @@ def _squeue_job(record: Any, index: int) -> JobInfo:
     if raw_id is None:
         raise SlurmParseError(f"squeue --json jobs[{index}] has no job_id")
     array_job = _number(record.get("array_job_id")) or None
-    task = _number(record.get("array_task_id"))
-    task = task if task is not None and task < _NO_VAL32 else None
-    task_string = re.sub(r"%\d+$", "", str(record.get("array_task_string") or "").strip())
-    pending: str | None = None
-    if array_job is None:
-        job_id, task = str(raw_id), None
-    elif task is not None:
-        job_id = f"{array_job}_{task}"
-    elif task_string.isdigit():
-        task = int(task_string)
-        job_id = f"{array_job}_{task}"
-    elif task_string:
-        pending, job_id = task_string, f"{array_job}_[{task_string}]"
-    else:  # an array record with neither task id nor task list: keep Slurm's own id
-        job_id = str(raw_id)
+    job_id, task, pending = _json_array_ids(raw_id, array_job, _number(record.get("array_task_id")),
+                                            str(record.get("array_task_string") or ""))
     nodes = record.get("nodes")
     if isinstance(nodes, dict):  # defensive: job_resources-style node object
         nodes = nodes.get("list")
@@ -366,18 +370,8 @@ def parse_sacct_json(text: str) -> list[JobInfo]:
             raise SlurmParseError(f"sacct --json jobs[{index}] has no job_id")
         array = record.get("array") if isinstance(record.get("array"), dict) else {}
         array_job = _number(array.get("job_id")) or None
-        task = _number(array.get("task_id"))
-        task = task if task is not None and task < _NO_VAL32 else None
-        task_string = re.sub(r"%\d+$", "", str(array.get("task") or "").strip())
-        pending: str | None = None
-        if array_job is None:
-            job_id, task = str(raw_id), None
-        elif task is not None:
-            job_id = f"{array_job}_{task}"
-        elif task_string:
-            pending, job_id = task_string, f"{array_job}_[{task_string}]"
-        else:
-            job_id = str(raw_id)
+        job_id, task, pending = _json_array_ids(raw_id, array_job, _number(array.get("task_id")),
+                                                str(array.get("task") or ""))
         state_obj = record.get("state") if isinstance(record.get("state"), dict) else {}
         state_raw = state_obj.get("current")
         times = record.get("time") if isinstance(record.get("time"), dict) else {}
