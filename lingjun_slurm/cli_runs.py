@@ -417,22 +417,35 @@ def cancel(run: str, stage: Optional[str], host: Optional[str], cluster: Optiona
             rec.event("cancel", stages=names)
 
 
-# How long cancel lets running jobs end their steps and clean up before it cancels them.
+# How long cancel lets running jobs end their steps and clean up before it cancels them (at
+# least; a running train gets its save_grace_s to save a checkpoint first).
 STEP_STOP_WAIT_S = 30.0
 
 
 def _stop_steps_first(t, m, names: list[str], running: list[str]) -> dict:
     """SIGTERM to the running jobs' steps only (scancel --signal=TERM: "signals other than SIGKILL
-    are not sent to the batch step", scancel(1) --full): each batch script then ends while its job
-    still holds its nodes, so its EXIT handler can remove the job's named containers (pyxis keeps
-    them under container_scope=global) before the final scancel. One squeue per second, 30 s at most."""
+    are not sent to the batch step", scancel(1) --full; slurmctld's _signal_job sets KILL_STEPS_ONLY):
+    each batch script then ends while its job still holds its nodes, so its EXIT handler can remove
+    the job's named containers (pyxis keeps them under container_scope=global) before the final
+    scancel. A marker jobs/cancel-<job id> tells the train script not to requeue itself. One squeue
+    per second while it waits."""
+    import json
     import time
 
     from .slurm.client import SlurmCLI
     from .status import StatusCollector
 
-    SlurmCLI(t).cancel(running, signal="TERM")
-    deadline = time.monotonic() + STEP_STOP_WAIT_S
+    wait = STEP_STOP_WAIT_S
+    if any(m.stage(n).kind == "train" for n in names):
+        try:
+            plan = json.loads(t.read_text(f"{m.run_dir}/plan.json"))
+            wait = max(wait, float(plan["settings"]["training"]["save_grace_s"]) + 10)
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    for job in running:
+        t.write_atomic(f"{m.run_dir}/jobs/cancel-{job}", f"lingjun-slurm cancel at {time.time():.0f}\n")
+    SlurmCLI(t).cancel(running, signal="TERM", state="RUNNING")
+    deadline = time.monotonic() + wait
     while True:
         live = {s.name: s for s in StatusCollector(t).collect([m])[0].stages}
         still = [n for n in names if live[n].state == "RUNNING" and set(m.stage(n).job_ids) & set(running)]

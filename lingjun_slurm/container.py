@@ -158,8 +158,9 @@ def workdir_mount_problem(spec: ContainerSpec, workdir: str) -> tuple[int, str] 
 
 
 def is_squashfs_path(image: str) -> bool:
-    """pyxis takes an image as a file when it starts with '.' or '/' (pyxis args.c; see lint_image)."""
-    return image.startswith(("/", "./"))
+    """pyxis takes an image as a file when it starts with '.' or '/' (`strspn(image, "./") > 0`,
+    pyxis_slurmstepd.c); lint_image refuses the forms other than '/...' and './...'."""
+    return image.startswith((".", "/"))
 
 
 def pyxis_flags(spec: ContainerSpec, workdir: str, env_names: list[str], *, image: Word | None = None,

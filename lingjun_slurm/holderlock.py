@@ -13,8 +13,10 @@ A holder that died without releasing leaves the file behind. It is stale when:
 A holder on another host outside any job cannot be judged from here and is never broken.
 
 Breaking a stale file renames it to a unique name first and checks that what was moved is the
-holder judged stale, so two waiters never both break it, and a fresh holder's file that took
-its place in between is put back with link(2), which never overwrites.
+holder judged stale; a fresh holder's file that took its place in between is put back with
+link(2), which never overwrites. In the rare race where a third process creates the lock in that
+gap, the fresh holder loses its file and two processes may hold the lock at once: for the image
+cache that costs a second import, never a partial file (each import ends in its own rename).
 
 Standard library only: stages on cluster hosts import it without the project's dependencies.
 The image cache (images/cache.py) and the workdir lock use it.
@@ -211,11 +213,13 @@ class HolderLock:
 def slurm_job_alive(job_id: str, run: Callable[[list[str]], tuple[int, str]]) -> Optional[bool]:
     """Whether a Slurm job is still pending or running, from one squeue call.
 
-    `run(argv) -> (returncode, stdout and stderr together)`. squeue prints nothing for a job that has left the queue
-    and fails with "Invalid job id specified" for one slurmctld has forgotten: both mean gone.
+    `run(argv) -> (returncode, stdout and stderr together)`, run without SQUEUE_* variables in its
+    environment (squeue/opts.c reads SQUEUE_STATES, SQUEUE_USERS, ... as filters that could hide a
+    live job). With `-t all` squeue shows the job in any state while slurmctld remembers it; only
+    terminal states, no line, or "Invalid job id specified" (a job it has forgotten) mean gone.
     Any other failure (slurmctld unreachable) is "cannot tell".
     """
-    rc, out = run(["squeue", "-h", "-j", job_id, "-o", "%T"])
+    rc, out = run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"])
     states = {line.strip() for line in out.splitlines() if line.strip()}
     if rc == 0:
         return bool(states - {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",

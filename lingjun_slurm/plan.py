@@ -15,10 +15,10 @@ from .container import host_side, is_squashfs_path, mounts_with_workdir, parse_m
 from .megatron import args as megatron_args
 from .network import EnvVar, NetworkEnv
 from .shell import Shell, Word, to_json
-from .spec.models import CommandStage, Spec
+from .spec.models import CommandStage, Resources, Spec
 from .spec.resolve import (StageResources, active_builtins, builtin_resources, checkpoint_dir, command_resources,
-                           data_prefix, log_dir, merge_resources, output_prefix, resolve_model, stage_order)
-from .timefmt import format_time
+                           data_prefix, log_dir, output_prefix, resolve_model, stage_order)
+from .timefmt import format_time, parse_time
 
 PLAN_SCHEMA = 1
 # sbatch's memory options are mutually exclusive: with one of these in sbatch_extra, no --mem.
@@ -164,7 +164,7 @@ def _sbatch(spec: Spec, job_name: str, res: StageResources, logs: str, *, array:
         opts["cpus-per-task"] = str(res.cpus_per_task)
     if res.mem:
         opts["mem"] = res.mem
-    elif res.exclusive and not MEM_OPTIONS & set(spec.cluster.sbatch_extra):
+    elif res.exclusive and not MEM_OPTIONS & {k for k, v in spec.cluster.sbatch_extra.items() if v is not False}:
         # --exclusive gives every CPU and GRES of the node "but is only allocated as much memory
         # as it requested ... To request all the memory on a node, use --mem=0" (Slurm's
         # doc/man/man1/sbatch.1, --exclusive).
@@ -226,19 +226,20 @@ def container_plan(spec: Spec, run_id: str, pyxis: bool) -> ContainerPlan:
 
 
 def image_resources(spec: Spec) -> StageResources:
-    """One task of 2 CPUs (enroot import, mksquashfs); cluster.stages.image, else the first CPU-only built-in stage's partition and
-    limits (the CPU partition when the chain has one), else cluster.defaults; one hour by default."""
-    own = spec.cluster.stages.get("image")
-    res = merge_resources(spec, own)
-    partition, time_s = res.partition, res.time_s
-    if own is None or own.partition is None:
+    """One task of 2 CPUs (enroot import, mksquashfs), one hour, on the CPU partition when the chain
+    has one (the first CPU-only built-in stage's), else cluster.defaults'; cluster.stages.image
+    sets any of them. cluster.defaults' mem and cpus are not taken: they are sized for the
+    training nodes."""
+    own = spec.cluster.stages.get("image") or Resources()
+    partition = own.partition
+    if partition is None:
         for name in active_builtins(spec):
             if name != "train" and not builtin_resources(spec, name).gpus_per_node:
-                partition = builtin_resources(spec, name).partition or partition
+                partition = builtin_resources(spec, name).partition
                 break
-    if own is None or own.time is None:
-        time_s = 3600
-    return StageResources(partition, 1, 1, 0, res.cpus_per_task or 2, res.mem, time_s, False)
+    partition = partition or spec.cluster.defaults.partition
+    time_s = parse_time(own.time) if own.time is not None else 3600
+    return StageResources(partition, 1, 1, 0, own.cpus_per_task or 2, own.mem, time_s, False)
 
 
 def _launcher(spec: Spec, st_kind: str, names: list[str], use_container: bool,

@@ -113,6 +113,9 @@ class ImageCache:
         if found:
             self.touch(digest)
             return found, False
+        if not os.access(self.root, os.W_OK):
+            raise CacheError(f"{image} ({digest}) is not in {self.root}, and you cannot write there (a shared cache "
+                             "of its owner's): ask them to stage it, or set container.cache_dir to your own directory")
         lock = HolderLock(self.root / f"sha256-{_hex(digest)}.lock", purpose=f"importing {image}",
                           job_alive=self.job_alive)
         lock.acquire(timeout=LOCK_WAIT_S, poll_s=5.0,
@@ -148,17 +151,21 @@ class ImageCache:
 
     def _write_meta(self, digest: str, meta: dict) -> None:
         path = self._meta_path(digest)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp = path.with_name(f".{path.name}.{this_host()}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n", encoding="utf-8")
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
 
     def touch(self, digest: str) -> None:
-        """Record a use (prune keeps recently used images)."""
+        """Record a use (prune keeps recently used images). Best effort: a shared cache owned by root
+        is read-only for its users, and a use it cannot record must not fail the run."""
         meta = self._read_meta(digest)
         meta.update(digest=digest, last_used=time.time())
-        meta.setdefault("size", self.path_for(digest).stat().st_size)
-        self._write_meta(digest, meta)
+        try:
+            meta.setdefault("size", self.path_for(digest).stat().st_size)
+            self._write_meta(digest, meta)
+        except OSError:
+            pass
 
     def entries(self) -> list[Entry]:
         if not self.root.is_dir():
@@ -172,9 +179,11 @@ class ImageCache:
             path = self.root / name
             meta = self._read_meta(digest)
             st = path.stat()
+            # Every stage that runs the image touches the .sqsh (partials/containers.sh.j2): a run in
+            # progress keeps it recent even weeks after its image stage.
             out.append(Entry(digest=digest, path=str(path), size=st.st_size, image=str(meta.get("image") or "?"),
                              created=float(meta.get("created") or st.st_mtime),
-                             last_used=float(meta.get("last_used") or st.st_mtime)))
+                             last_used=max(float(meta.get("last_used") or 0), st.st_mtime)))
         return out
 
     def partials(self) -> list[Path]:

@@ -61,12 +61,17 @@ class SlurmCLI:
         if ids:
             self.t.run(["scontrol", "release", ",".join(ids)], check=True, what="scontrol release failed")
 
-    def cancel(self, job_ids: Iterable[str], *, signal: Optional[str] = None) -> None:
-        """One scancel for every id. Jobs that already ended are not an error."""
+    def cancel(self, job_ids: Iterable[str], *, signal: Optional[str] = None, state: Optional[str] = None) -> None:
+        """One scancel for every id. Jobs that already ended are not an error.
+
+        state limits it to jobs (and array tasks) in that state: a signal other than KILL sent to
+        a pending array part is refused as "try again later", which scancel retries for ~95 s
+        (src/scancel/scancel.c, MAX_CANCEL_RETRY; slurmctld job_mgr.c job_str_signal)."""
         ids = list(job_ids)
         if not ids:
             return
-        argv = ["scancel"] + ([f"--signal={signal}"] if signal else []) + ids
+        argv = (["scancel"] + ([f"--state={state}"] if state else []) + ([f"--signal={signal}"] if signal else [])
+                + ids)
         result = self.t.run(argv)
         benign = ("Invalid job id specified" in result.stderr
                   or "already completing or completed" in result.stderr)

@@ -153,7 +153,11 @@ def check_cpu_bind(spec: Spec) -> list[Issue]:
     if prof.cpu_bind is None:
         return [Issue(loc, f"network profile {prof.name!r} publishes no CPU/GPU topology; give a --cpu-bind "
                            "value (cores, ldoms, map_ldom:..., mask_cpu:...) or leave it unset")]
-    tasks = builtin_resources(spec, "train").tasks_per_node
+    res = builtin_resources(spec, "train")
+    if not res.exclusive:
+        return [Issue(loc, "a binding for the whole node's CPUs needs whole nodes: set exclusive: true for the "
+                           "train stage (or cluster.exclusive)")]
+    tasks = res.tasks_per_node
     if tasks != prof.cpu_bind[0]:
         return [Issue(loc, f"profile {prof.name!r}'s binding is for {prof.cpu_bind[0]} tasks per node, the train "
                            f"stage runs {tasks}")]
@@ -242,10 +246,12 @@ def check_megatron_lm(spec: Spec) -> list[Issue]:
         return [Issue(("megatron_lm", "version"), f"write the version in quotes, e.g. \"0.16.1\": YAML reads an "
                                                   f"unquoted version as the number {raw}")]
     try:
-        versions.parse_version(raw)
+        version = versions.parse_version(raw)
     except ValueError as exc:
         return [Issue(("megatron_lm", "version"), str(exc))]
-    return []
+    tok = spec.data.tokenizer
+    problem = versions.tokenizer_problem(tok.type, version) if tok is not None and users else None
+    return [Issue(("data", "tokenizer", "type"), problem)] if problem else []
 
 
 def check_data(spec: Spec) -> list[Issue]:
@@ -312,6 +318,17 @@ def check_container(spec: Spec) -> list[Issue]:
     return issues
 
 
+def check_image_stage(spec: Spec) -> list[Issue]:
+    """The image stage runs lingjun_slurm on the host's python3: it needs the shipped code."""
+    c = spec.container
+    if c.runtime == "pyxis" and c.stage == "auto" and c.image and not container_mod.is_squashfs_path(c.image) \
+            and not spec.run.ship_code:
+        return [Issue(("container", "stage"), "staging the image runs lingjun_slurm on a cluster host, which "
+                                              "run.ship_code: false leaves without it: set stage: never, or "
+                                              "ship_code: true")]
+    return []
+
+
 def check_env(spec: Spec) -> list[Issue]:
     issues: list[Issue] = []
     for name in spec.env:
@@ -351,8 +368,9 @@ def check_stages(spec: Spec) -> list[Issue]:
     return issues
 
 
-RULES: tuple[Rule, ...] = (check_network, check_sbatch, check_container, check_env, check_megatron_lm, check_data,
-                           check_model, check_cpu_bind, check_train_layout, check_training, check_checkpoint, check_stages)
+RULES: tuple[Rule, ...] = (check_network, check_sbatch, check_container, check_image_stage, check_env,
+                           check_megatron_lm, check_data, check_model, check_cpu_bind, check_train_layout,
+                           check_training, check_checkpoint, check_stages)
 
 
 def check(spec: Spec) -> list[Issue]:

@@ -16,23 +16,30 @@ credentials file. Standard library only.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from ..holderlock import slurm_job_alive
+from ..holderlock import LockHeld, slurm_job_alive
 from ..images import enroot
 from ..images.cache import CacheError, ImageCache
 from ..images.registry import RegistryError, parse_image_ref, resolve_digest
 
 
 def _squeue(argv: list[str]) -> tuple[int, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SQUEUE_")}
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return 1, str(exc)
     return proc.returncode, proc.stdout + proc.stderr
+
+
+def enroot3_pinned_uri(ref, digest: str) -> str:
+    user = f"{ref.user}@" if ref.user else ""
+    return f"docker://{user}{ref.registry}#{ref.repository}:{digest}"
 
 
 def write_record(run_dir: Path, sqsh: str, digest: str) -> None:
@@ -48,7 +55,14 @@ def say(msg: str) -> None:
     print(f"lingjun-slurm: image: {msg}", flush=True)
 
 
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(plan: dict, plan_path: Path) -> int:
+    # scancel and the time limit send SIGTERM: unwind, so an import in progress removes its partial
+    # file and releases the lock (images/cache.py) instead of leaving gigabytes and a stale holder.
+    signal.signal(signal.SIGTERM, _terminated)
     conf = (plan.get("settings") or {}).get("container") or {}
     image, cache_dir, arch = conf.get("image"), conf.get("cache_dir"), conf.get("arch")
     if not image or not cache_dir:
@@ -63,12 +77,18 @@ def main(plan: dict, plan_path: Path) -> int:
             uri = ref.uri(digest=digest)  # pinned: the file is the digest we name it by
         else:
             digest = resolve_digest(ref, arch=arch)
-            uri = ref.uri()  # enroot 3.x takes no digest in a URI (src/docker.sh, v3.5.0)
+            # enroot 3.x parses no @sha256 (v3.5.0 src/docker.sh:259-272), but its tag pattern
+            # [[:alnum:]._:-]+ takes "sha256:<hex>" and fetches manifests/<tag> as it is
+            # (docker.sh:136, 262-265): the manifest named by the digest we resolved.
+            uri = enroot3_pinned_uri(ref, digest)
         say(f"{image} is {digest}")
         cache = ImageCache(cache_dir, job_alive=lambda job: slurm_job_alive(job, _squeue))
         started = time.monotonic()
         path, imported = cache.stage(image, digest, lambda out: enroot.import_image(uri, out, arch),
                                      on_wait=lambda who: say(f"waiting for {who}"))
+    except LockHeld as exc:
+        print(f"lingjun-slurm: image: {image}: gave up waiting: {exc}", file=sys.stderr)
+        return 1
     except (ValueError, RegistryError, enroot.EnrootError, CacheError, OSError) as exc:
         print(f"lingjun-slurm: image: {image}: {exc}", file=sys.stderr)
         return 1

@@ -147,3 +147,26 @@ def test_a_run_from_before_the_image_stage_still_resubmits(tmp_path: Path, env: 
     assert "image" not in stages
     assert len(imports(env)) == before + 2                          # one per node: the old behaviour
     assert cli("status", run_id, env=env).returncode == 0
+
+
+@pytest.mark.slurm
+def test_cancel_during_training_saves_cleans_up_and_does_not_requeue(tmp_path: Path, env: dict[str, str]) -> None:
+    """cancel stops the 2-node train's steps (SIGTERM: the trainer saves), marks the job so the script
+    does not requeue itself, removes its containers, and the job ends CANCELLED with no restart."""
+    spec = pyxis(gpt_spec(tmp_path, "cancelled", nodes=2, iterations=100000, save_interval=100000),
+                 tmp_path / "cache")
+    run_id = submitted_run_id(cli("submit", str(spec), "--executor", "slurm", env=env).stdout)
+    run_dir = tmp_path / "cancelled" / "runs" / run_id
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not (run_dir / "metrics.jsonl").exists():
+        time.sleep(0.5)
+    assert (run_dir / "metrics.jsonl").exists(), "train never started"
+    assert len(own_containers(env)) == 2, containers(env)
+    cli("cancel", run_id, env=env, timeout=180)
+    stages = wait_for(run_id, env, all_ended, timeout=120)
+    assert stages["train"]["state"] == "CANCELLED" and stages["train"]["restarts"] == 0, stages["train"]
+    assert own_containers(env) == {}, containers(env)
+    log = cli("logs", run_id, "train", env=env).stdout
+    assert "not requeueing" in log and "requeueing (restart" not in log, log[-2000:]
+    tracker = tmp_path / "cancelled" / "checkpoints" / "latest_checkpointed_iteration.txt"
+    assert tracker.exists() and int(tracker.read_text()) > 0  # the SIGTERM save

@@ -142,10 +142,11 @@ def test_release_leaves_someone_elses_file(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("rc,out,alive", [
     (0, "RUNNING\n", True), (0, "PENDING\n", True), (0, "", False), (0, "COMPLETED\n", False),
+    (0, "CANCELLED\nRUNNING\n", True), (0, "TIMEOUT\n", False),
     (1, "slurm_load_jobs error: Invalid job id specified\n", False),
     (1, "slurm_load_jobs error: Unable to contact slurm controller (connect failure)\n", None),
 ])
 def test_slurm_job_alive(rc: int, out: str, alive) -> None:
     seen = []
     assert slurm_job_alive("12", lambda argv: (seen.append(argv), (rc, out))[1]) is alive
-    assert seen == [["squeue", "-h", "-j", "12", "-o", "%T"]]
+    assert seen == [["squeue", "-h", "-t", "all", "-j", "12", "-o", "%T"]]

@@ -74,7 +74,8 @@ def test_a_new_digest_is_imported_again(tmp_path: Path, env: dict[str, str]) -> 
 
 def test_enroot_3_resolves_the_digest_from_the_registry(tmp_path: Path, env: dict[str, str],
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """enroot 3.x has no `digest` and no @sha256 URIs: the stage asks the registry and imports the tag."""
+    """enroot 3.x has no `digest` and no @sha256 URIs: the stage asks the registry and imports the digest
+    as the tag (3.x fetches manifests/<tag> as given)."""
     import lingjun_slurm.stages.image as stage
 
     calls = []
@@ -85,7 +86,7 @@ def test_enroot_3_resolves_the_digest_from_the_registry(tmp_path: Path, env: dic
     plan = write_plan(tmp_path / "r1", tmp_path / "cache")
     assert stage.main(json.loads(plan.read_text()), plan) == 0
     assert calls and calls[0].repository == "team/img"
-    assert len(imports(env)) == 1 and "@sha256" not in imports(env)[0]
+    assert len(imports(env)) == 1 and f"docker://reg.example#team/img:{DIGEST} " in imports(env)[0] + " "
 
 
 def test_a_failed_import_leaves_nothing_usable(tmp_path: Path, env: dict[str, str]) -> None:

@@ -54,7 +54,7 @@ def azure_h100(tmp_path: Path, cpu_bind: str, tasks: int = 8) -> Path:
 
 def test_cpu_bind_from_the_profile_topology(tmp_path: Path) -> None:
     """Issue 12 item 4: per-task binding where the profile knows the topology (hopper.conf's CPU_BIND)."""
-    plan = build_plan(load_spec(azure_h100(tmp_path, "profile")).spec)
+    plan = build_plan(load_spec(azure_h100(tmp_path, "profile")).spec)  # the example has exclusive: true
     launcher = plan.stage("train").launcher
     assert "--cpu-bind=mask_cpu:ffffff000000,ffffff000000,ffffff,ffffff," in " ".join(map(str, launcher))
     assert not any("cpu-bind" in str(w) for w in plan.stage("preprocess").launcher)
@@ -78,3 +78,36 @@ def test_cpu_bind_value_and_refusals(tmp_path: Path, capsys) -> None:
     with pytest.raises(SystemExit):
         main(["validate", str(lingjun)])
     assert "publishes no CPU/GPU topology" in capsys.readouterr().err
+
+
+def test_cpu_bind_profile_needs_whole_nodes(tmp_path: Path, capsys) -> None:
+    from lingjun_slurm.cli import main
+
+    spec = azure_h100(tmp_path, "profile")
+    spec.write_text(spec.read_text().replace("  exclusive: true\n", ""))
+    with pytest.raises(SystemExit) as info:
+        main(["validate", str(spec)])
+    assert info.value.code == 2 and "needs whole nodes" in capsys.readouterr().err
+
+
+def test_image_stage_resources_ignore_the_training_defaults(tmp_path: Path) -> None:
+    """cluster.defaults' mem and cpus are for the GPU nodes: the image job on the CPU partition takes neither."""
+    text = (REPO / "examples" / "megatron-gpt.yaml").read_text().replace(
+        '    partition: lingjun\n', '    partition: lingjun\n    mem: 1800G\n    cpus_per_task: 12\n')
+    path = tmp_path / "spec.yaml"
+    path.write_text(text)
+    opts = dict(build_plan(load_spec(path).spec).stage("image").sbatch)
+    assert opts["partition"] == "cpu" and opts["cpus-per-task"] == "2" and "mem" not in opts
+    assert opts["time"] == "01:00:00"
+
+
+def test_staging_needs_the_shipped_code(tmp_path: Path, capsys) -> None:
+    from lingjun_slurm.cli import main
+
+    path = tmp_path / "spec.yaml"
+    path.write_text((REPO / "examples" / "megatron-gpt.yaml").read_text().replace(
+        "  workdir: /mnt/cpfs/runs/llama8b-pretrain      # shared by every node (CPFS)\n",
+        "  workdir: /mnt/cpfs/runs/llama8b-pretrain\n  ship_code: false\n"))
+    with pytest.raises(SystemExit) as info:
+        main(["validate", str(path)])
+    assert info.value.code == 2 and "container.stage" in capsys.readouterr().err
