@@ -11,7 +11,7 @@ from typing import Any
 from ..shell import Shell, Word
 from ..spec.models import Spec, Tokenizer
 from ..spec.resolve import builtin_resources, checkpoint_dir, data_prefix, resolve_model
-from .versions import Version, has_flag, parse_version
+from .versions import Version, has_flag, null_vocab_arg, parse_version, tokenizer_problem
 
 PRETRAIN = "pretrain_gpt.py"
 PREPROCESS = "preprocess_data.py"
@@ -60,20 +60,29 @@ def megatron_version(spec: Spec) -> Version:
 
 
 def tokenizer_args(args: ArgList, tok: Tokenizer) -> None:
+    """Tokenizer flags for args.version; every version then tokenizes alike (and like the builtin)."""
+    problem = tokenizer_problem(tok.type, args.version)
+    if problem:  # spec checks refuse it first, with the spec's file:line
+        raise ValueError(problem)
     args.add("--tokenizer-type", _TOKENIZER_TYPES[tok.type])
     if tok.type in ("huggingface", "sentencepiece"):
         args.add("--tokenizer-model", tok.path)
-        # core_v0.16's tokenizer leaves the post-processor's special tokens out unless asked; the
-        # legacy one and main put them in: ask, so every version tokenizes alike (and like builtin).
-        args.switch("--tokenizer-hf-include-special-tokens",
-                    tok.type == "huggingface" and tok.add_special_tokens is not False)
+        if tok.type == "huggingface":
+            # Put the post-processor's special tokens (e.g. BOS) into the ids unless the spec says not to:
+            # core_v0.16 leaves them out unless asked; from 0.17 they are in unless asked not to.
+            include = tok.add_special_tokens is not False
+            if args.has("--tokenizer-hf-no-include-special-tokens"):
+                args.switch("--tokenizer-hf-no-include-special-tokens", not include)
+            else:
+                args.switch("--tokenizer-hf-include-special-tokens", include)
     elif tok.type == "gpt2-bpe":
         # Without --legacy-tokenizer core_v0.16 fetches HF's gpt2 from the Hub with its own merges.
         args.add("--legacy-tokenizer")
         args.add("--vocab-file", tok.vocab_file)
         args.add("--merge-file", tok.merge_file)
     else:
-        args.add("--vocab-size", tok.vocab_size)
+        assert tok.vocab_size is not None
+        args.add("--vocab-size", null_vocab_arg(tok.vocab_size, args.version))
 
 
 def pretrain_args(spec: Spec) -> list[Word]:

@@ -15,6 +15,20 @@ from ..presets import load
 
 FLOOR = (0, 16)
 FLOOR_TEXT = "core_v0.16.x (megatron-core 0.16)"
+# The first minor release past the newest one checked (main at package version 0.20.0): a version from
+# CEILING on is refused until tools/megatron_reference.py has been run on it (docs/megatron-versions.md).
+CEILING = (0, 21)
+NEWEST_TEXT = "0.20.0 (Megatron-LM main at d98e8a64ddf3, 2026-08-22)"
+
+# Conventions that changed between releases, from the pinned reference data (tests/fixtures/megatron/):
+# core_v0.17.0 dropped --legacy-tokenizer (megatron/training/tokenizer is gone): GPT2BPETokenizer builds
+# HF's AutoTokenizer.from_pretrained("gpt2", vocab_file=..., merges_file=...), which needs the Hub.
+NO_LEGACY_TOKENIZER = (0, 17, 0)
+# core_v0.17.0: HuggingFaceTokenizer includes the post-processor's special tokens by default
+# (--tokenizer-hf-include-special-tokens deprecated, removed in 0.18; --tokenizer-hf-no-include-special-tokens).
+HF_SPECIAL_TOKENS_DEFAULT = (0, 17, 0)
+# core_v0.18.0: NullTokenizer(--vocab-size N) has N ids with eod N-1; before, N+1 ids with eod N.
+NULL_VOCAB_HOLDS_EOD = (0, 18, 0)
 
 _CORE_RE = re.compile(r"^(?:core_[vr])?v?(\d+)\.(\d+)(?:\.(\d+))?(?:rc\d+)?$")
 _CALENDAR_RE = re.compile(r"^(\d{2})\.(\d{2})(?:[.-].*)?$")
@@ -43,7 +57,31 @@ def parse_version(raw: str | float | int) -> Version:
             f"Megatron-LM {text} is older than the supported floor {FLOOR_TEXT}; "
             "use an image with megatron-core >= 0.16"
         )
+    if version[:2] >= CEILING:
+        raise ValueError(
+            f"Megatron-LM {text} is newer than the newest version checked, {NEWEST_TEXT}; supported: 0.16 .. "
+            f"0.{CEILING[1] - 1}.x (docs/megatron-versions.md says how a version is added)"
+        )
     return version
+
+
+def null_vocab_arg(vocab_size: int, version: Version) -> int:
+    """--vocab-size for the null tokenizer so that every version has vocab_size + 1 ids with eod vocab_size.
+
+    That is the spec's meaning (ids 0..vocab_size-1 plus eod), core_v0.16's NullTokenizer and the builtin
+    preprocessor's; from 0.18 NullTokenizer counts the eod inside --vocab-size.
+    """
+    return vocab_size + 1 if version >= NULL_VOCAB_HOLDS_EOD else vocab_size
+
+
+def tokenizer_problem(tok_type: str, version: Version) -> str | None:
+    """Why that Megatron-LM version cannot build this tokenizer type offline, or None."""
+    if tok_type == "gpt2-bpe" and version >= NO_LEGACY_TOKENIZER:
+        return (f"Megatron-LM {'.'.join(map(str, version))} has no --legacy-tokenizer (gone since 0.17): its "
+                "GPT2BPETokenizer loads 'gpt2' from the Hugging Face Hub even with vocab_file/merge_file, which "
+                "fails on an offline cluster; save the BPE as a tokenizer.json directory and use type: "
+                "huggingface, or declare megatron_lm.version 0.16.x")
+    return None
 
 
 @lru_cache(maxsize=None)
