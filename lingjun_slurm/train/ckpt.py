@@ -3,13 +3,44 @@
     {dir}/iter_{NNNNNNN}/                 dist_checkpointing.save (every rank writes its shards)
     {dir}/latest_checkpointed_iteration.txt   rank 0, atomically, only after every rank saved
 
-The state dict uses Megatron-LM's keys: "model", "optimizer", "opt_param_scheduler",
-"rng_state" (one ShardedObject per (pipeline, tensor, data x context) rank with python, numpy,
-torch and the RNG tracker's named states), "iteration", "checkpoint_version", "args" (an
-argparse.Namespace with the layout and the data position: consumed_train_samples,
-consumed_valid_samples), "num_floating_point_operations_so_far".
-The distributed optimizer is saved with sharding type dp_reshardable (the default
-fully_sharded_model_space fails in megatron-core 0.16 with "flattened_range is not supported").
+What Megatron-LM's megatron/training/checkpointing.py puts in the sharded state dict (line
+numbers at core_v0.16.1 55ac708; main d98e8a6 the same unless noted), and what this module writes:
+
+  "args"          the argparse.Namespace (generate_state_dict, :891). `--load` reads from it
+                  tensor/pipeline_model_parallel_size (RNG and reshard decisions, :1536-1569),
+                  consumed_train/valid_samples, skipped_train_samples (:1746-1753), no_save_rng /
+                  no_save_optim (getattr, default False), and check_checkpoint_args compares
+                  num_layers, hidden_size, num_attention_heads, add_position_embedding (default
+                  True) and, with a vocab file, max_position_embeddings, make_vocab_size_divisible_by,
+                  tokenizer_type (:102-141). We write those names with the run's values.
+  "checkpoint_version"  3.0 (:893; main :1572). Read with default 0.
+  "iteration"     required: without it (or total_iters) `--load` exits (:1731-1741).
+  "model"         model.sharded_state_dict(metadata) (:900-911), no "module." prefix.
+  "optimizer"     optimizer.sharded_state_dict(state_dict, metadata, is_loading) (:917-934); the
+                  distributed optimizer as distrib_optim_sharding_type "dp_reshardable" unless
+                  --dist-ckpt-optim-fully-reshardable (_build_sharded_state_dict_metadata, :401-434,
+                  which also sets singleton_local_shards False and chained_optim_avoid_prefix True;
+                  the metadata, minus the process group, goes to dist_checkpointing.save as
+                  content_metadata, :621-626, and comes back with load_content_metadata, :1573).
+                  Optional: --no-load-optim / --finetune skip it.
+  "opt_param_scheduler"  scheduler.state_dict() (:940-942); loaded with the optimizer.
+  "rng_state"     get_rng_state (:336-391): [dict(random_rng_state, np_rng_state,
+                  torch_rng_state, cuda_rng_state, rng_tracker_states)] (one entry per DP rank
+                  only with --data-parallel-random-init), as
+                  ShardedObject("rng_state", list, (pp_size, tp_size), (pp_rank, tp_rank),
+                  replica_id=dp_cp_rank) (:377-384). Only with expert parallelism > 1 does 0.16.1
+                  shard it by (pp, tp, dp) (:365-376); from core_v0.17.0 to main it is always
+                  (pp, tp) (main :493-504). `--load` builds that object for the current run and
+                  requires it unless --no-load-rng / --finetune or the (TP, PP) changed
+                  (:1562-1569): a missing key is a load error, not a warning.
+  "num_floating_point_operations_so_far"  (:605); read with default 0 (:1743).
+  "rerun_state_machine"  only while a rerun is pending (rerun_state_machine.state_dict returns
+                  None otherwise) and loaded only when present (:1694-1707): never written here.
+
+The builtin has no expert parallelism, so for every Megatron-LM version it supports (0.16 ..
+0.20) it saves the RNG state the (pp, tp) way (RNG_SHARDING). Checkpoints saved by the builtin
+before that (lingjun-slurm <= the "rng (pp, tp, dp)" layout) shard it by (pp, tp, dp x cp); load()
+reads either, by looking at the checkpoint's own keys.
 """
 
 from __future__ import annotations
@@ -30,9 +61,28 @@ from .settings import TrainSettings
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_VERSION = 3.0
-SHARDED_METADATA = {"distrib_optim_sharding_type": "dp_reshardable", "singleton_local_shards": False,
-                    "chained_optim_avoid_prefix": True}
+CHECKPOINT_VERSION = 3.0  # checkpointing.py generate_state_dict (core_v0.16.1 :893, main :1572)
+# _build_sharded_state_dict_metadata (core_v0.16.1 :401-434): these two always, the sharding type
+# only with the distributed optimizer. The default fully_sharded_model_space of megatron-core's
+# DistributedOptimizer fails in megatron-core 0.16 with "flattened_range is not supported".
+BASE_METADATA = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True}
+DISTOPT_SHARDING = "dp_reshardable"
+RNG_KEY = "rng_state"
+
+
+def sharded_metadata(settings: TrainSettings) -> dict[str, Any]:
+    meta = dict(BASE_METADATA)
+    if settings.parallel.distributed_optimizer:
+        meta["distrib_optim_sharding_type"] = DISTOPT_SHARDING
+    return meta
+
+
+def rng_sharding(version: str | None) -> tuple[str, ...]:
+    """The RNG ShardedObject's axes that Megatron-LM `version` uses for a run without expert
+    parallelism: ("pp", "tp") from core_v0.16.1 (checkpointing.py:377-384) to main (:493-504).
+    Versions outside 0.16 .. 0.20 were refused when the plan was rendered; an undeclared
+    version means 0.16.1's conventions."""
+    return ("pp", "tp")
 
 
 @dataclass
@@ -50,9 +100,24 @@ def _layout(rt: Runtime) -> dict[str, int]:
             "context_parallel_size": rt.cp, "data_parallel_size": rt.dp}
 
 
+_TOKENIZER_TYPES = {"huggingface": "HuggingFaceTokenizer", "gpt2-bpe": "GPT2BPETokenizer",
+                    "sentencepiece": "GPTSentencePieceTokenizer", "null": "NullTokenizer"}
+
+
 def _args(settings: TrainSettings, rt: Runtime, progress: Progress, padded_vocab: int) -> argparse.Namespace:
+    from .model import MAKE_VOCAB_SIZE_DIVISIBLE_BY
+
     m, p = settings.model, settings.parallel
+    tok = settings.data.tokenizer or {}
     return argparse.Namespace(
+        # what Megatron-LM's --load reads or compares (module docstring), under its names
+        add_position_embedding=True, make_vocab_size_divisible_by=MAKE_VOCAB_SIZE_DIVISIBLE_BY,
+        tokenizer_type=_TOKENIZER_TYPES.get(str(tok.get("type") or ""), tok.get("type")),
+        vocab_size=tok.get("vocab_size"), world_size=rt.world_size, data_parallel_random_init=False,
+        no_save_rng=False, no_save_optim=False, use_dist_ckpt=True, ckpt_fully_parallel_save=rt.dp > 1,
+        kv_channels=m.hidden_size // m.num_attention_heads,
+        group_query_attention=m.num_query_groups != m.num_attention_heads,
+        megatron_lm_version=settings.megatron_version,
         num_layers=m.num_layers, hidden_size=m.hidden_size, ffn_hidden_size=m.ffn_hidden_size,
         num_attention_heads=m.num_attention_heads, num_query_groups=m.num_query_groups,
         seq_length=m.seq_length, max_position_embeddings=m.max_position_embeddings,
@@ -93,14 +158,31 @@ def _set_rng_state(state: dict[str, Any], rt: Runtime) -> None:
     tracker.set_states(state["rng_tracker_states"])
 
 
-def _rng_object(rt: Runtime, state: dict[str, Any] | None) -> Any:
+def _rng_object(rt: Runtime, state: dict[str, Any] | None, sharding: tuple[str, ...]) -> Any:
+    """The RNG ShardedObject: ("pp", "tp") is Megatron-LM's (one object per (pp, tp), the DP x CP
+    ranks replicas of it, checkpointing.py:377-384); ("pp", "tp", "dp") the builtin's earlier one."""
     from megatron.core import parallel_state
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
     dp_cp = parallel_state.get_data_parallel_world_size(with_context_parallel=True)
     dp_cp_rank = parallel_state.get_data_parallel_rank(with_context_parallel=True)
-    return ShardedObject("rng_state", [state], (rt.pp, rt.tp, dp_cp), (rt.pp_rank, rt.tp_rank, dp_cp_rank),
-                         replica_id=0)
+    if sharding == ("pp", "tp", "dp"):
+        return ShardedObject(RNG_KEY, [state], (rt.pp, rt.tp, dp_cp), (rt.pp_rank, rt.tp_rank, dp_cp_rank),
+                             replica_id=0)
+    return ShardedObject(RNG_KEY, [state], (rt.pp, rt.tp), (rt.pp_rank, rt.tp_rank), replica_id=dp_cp_rank)
+
+
+def saved_rng_sharding(path: str) -> tuple[str, ...] | None:
+    """How the checkpoint at `path` shards its RNG state, from its keys ("rng_state/shard_0.0_1.1"
+    is (pp, tp), "rng_state/shard_0.0.0_1.1.1" (pp, tp, dp)); None when it has no RNG state."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    keys = FileSystemReader(path).read_metadata().state_dict_metadata
+    for key in keys:
+        m = re.fullmatch(re.escape(RNG_KEY) + r"/shard_([\d.]+)_([\d.]+)", key)
+        if m:
+            return ("pp", "tp", "dp") if m.group(1).count(".") == 2 else ("pp", "tp")
+    return None
 
 
 def _unwrap(model: Any) -> Any:
@@ -111,19 +193,22 @@ def _unwrap(model: Any) -> Any:
 
 
 def sharded_state_dict(model: Any, optimizer: Any, scheduler: Any, settings: TrainSettings, rt: Runtime,
-                       progress: Progress, padded_vocab: int, is_loading: bool, with_rng: bool = True) -> dict:
-    model_sd = _unwrap(model).sharded_state_dict(metadata=SHARDED_METADATA)
+                       progress: Progress, padded_vocab: int, is_loading: bool,
+                       rng: tuple[str, ...] | None = ("pp", "tp"), metadata: dict[str, Any] | None = None) -> dict:
+    """Megatron-LM's generate_state_dict for this run; rng: the RNG sharding, None for no RNG state."""
+    metadata = sharded_metadata(settings) if metadata is None else metadata
+    model_sd = _unwrap(model).sharded_state_dict(metadata=metadata)
     state: dict[str, Any] = {
         "model": model_sd,
-        "optimizer": optimizer.sharded_state_dict(model_sd, is_loading=is_loading, metadata=SHARDED_METADATA),
+        "optimizer": optimizer.sharded_state_dict(model_sd, is_loading=is_loading, metadata=metadata),
         "opt_param_scheduler": scheduler.state_dict(),
         "iteration": progress.iteration,
         "checkpoint_version": CHECKPOINT_VERSION,
         "args": _args(settings, rt, progress, padded_vocab),
         "num_floating_point_operations_so_far": float(progress.flops_so_far),
     }
-    if with_rng:
-        state["rng_state"] = _rng_object(rt, None if is_loading else _rng_state(rt))
+    if rng is not None:
+        state[RNG_KEY] = _rng_object(rt, None if is_loading else _rng_state(rt), rng)
     return state
 
 
@@ -217,12 +302,19 @@ def save(ckpt_dir: str, model: Any, optimizer: Any, scheduler: Any, settings: Tr
             shutil.rmtree(stale, ignore_errors=True)
         os.makedirs(path)
     _barrier()
-    state = sharded_state_dict(model, optimizer, scheduler, settings, rt, progress, padded_vocab, is_loading=False)
+    state = sharded_state_dict(model, optimizer, scheduler, settings, rt, progress, padded_vocab, is_loading=False,
+                               rng=rng_sharding(settings.megatron_version))
     strategy = get_default_save_sharded_strategy("torch_dist")
     if rt.dp > 1:  # spread the replicated tensors' writes over the data-parallel ranks (Megatron-LM's default)
         strategy = FullyParallelSaveStrategyWrapper(
             strategy, parallel_state.get_data_parallel_group(with_context_parallel=True))
-    dist_checkpointing.save(state, path, strategy, content_metadata=dict(SHARDED_METADATA))
+    try:
+        dist_checkpointing.save(state, path, strategy, content_metadata=sharded_metadata(settings))
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # torch's CheckpointException derives from BaseException
+        raise TrainError(f"cannot save checkpoint {path} (iteration {progress.iteration}): "
+                         f"{describe_exception(exc)}") from None
     _barrier()  # every rank's shards are on disk
     if rt.rank == 0:
         write_tracker(ckpt_dir, progress.iteration)
@@ -303,39 +395,97 @@ def _restore_adam_steps(optimizer: Any) -> None:
                     st["step"] = torch.tensor(float(step), dtype=torch.float32)
 
 
+def describe_exception(exc: BaseException) -> str:
+    """One line for a failed dist_checkpointing load/save: torch's CheckpointException (a
+    BaseException whose str() is every rank's traceback) becomes each distinct rank failure,
+    e.g. "RuntimeError: Missing key in checkpoint state_dict: rng_state/shard_0.0_1.1 (ranks 0, 1)"."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        by_text: dict[str, list[int]] = {}
+        for rank, wrapped in sorted(failures.items()):
+            inner = wrapped[0] if isinstance(wrapped, tuple) else wrapped
+            by_text.setdefault(describe_exception(inner), []).append(rank)
+        return "; ".join(f"{text} (rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))})"
+                         for text, r in by_text.items())
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _rng_hint(text: str) -> str:
+    if "Missing key" in text and RNG_KEY in text:
+        return (" (the checkpoint's RNG state is sharded another way; a checkpoint from an older lingjun-slurm "
+                "or another trainer: see docs/checkpoints.md)")
+    return ""
+
+
+def _load_failed(path: str, iteration: int, exc: BaseException) -> TrainError:
+    text = describe_exception(exc)
+    return TrainError(f"cannot load checkpoint {path} (iteration {iteration}): {text}{_rng_hint(text)}")
+
+
 def load(ckpt_dir: str, iteration: int, model: Any, optimizer: Any, scheduler: Any, settings: TrainSettings,
          rt: Runtime, padded_vocab: int) -> Progress:
-    """Restore everything saved at `iteration`; the data position comes back as Progress."""
+    """Restore everything saved at `iteration`; the data position comes back as Progress.
+
+    Reads both RNG layouts (Megatron-LM's (pp, tp) and the builtin's earlier (pp, tp, dp)) and,
+    as Megatron-LM's load_checkpoint does (checkpointing.py:1562-1569), restores the RNG state only
+    when the checkpoint's (TP, PP) equal this run's, and the distributed optimizer with the
+    checkpoint's own content metadata (:1571-1574)."""
     import torch
     from megatron.core import dist_checkpointing
 
     from ..checkpoint import iter_name
 
     path = os.path.join(ckpt_dir, iter_name(iteration))
-    common = dist_checkpointing.load_common_state_dict(path)
+    try:
+        common = dist_checkpointing.load_common_state_dict(path)
+        saved_rng = saved_rng_sharding(path)
+        metadata = dist_checkpointing.load_content_metadata(preloaded_state_dict=common)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:
+        raise _load_failed(path, iteration, exc) from None
     saved_args = common.get("args")
-    same_layout = saved_args is not None and all(getattr(saved_args, k, None) == v for k, v in _layout(rt).items())
-    if not same_layout:
-        log.warning("%s was saved with another parallel layout: model and optimizer are resharded, "
-                    "the RNG states start fresh (the run is no longer bit-identical to an uninterrupted one)", path)
+    saved_tp_pp = (getattr(saved_args, "tensor_model_parallel_size", 1),
+                   getattr(saved_args, "pipeline_model_parallel_size", 1))
+    saved_dp_cp = (getattr(saved_args, "data_parallel_size", None) or 0) * (
+        getattr(saved_args, "context_parallel_size", None) or 1)
+    use_rng = (saved_rng is not None and saved_tp_pp == (rt.tp, rt.pp)
+               and not getattr(saved_args, "no_save_rng", False)
+               and (saved_rng != ("pp", "tp", "dp") or saved_dp_cp == rt.dp * rt.cp))
+    if saved_args is None or any(getattr(saved_args, k, None) != v for k, v in _layout(rt).items()):
+        log.warning("%s was saved with another parallel layout: model and optimizer are resharded%s", path,
+                    "" if use_rng else ", the RNG states start fresh (the run is no longer bit-identical to an "
+                                       "uninterrupted one)")
+    elif not use_rng:
+        log.warning("%s has no RNG state this run can restore: the RNG states start fresh", path)
+    meta = dict(sharded_metadata(settings))
+    if metadata:  # what the checkpoint was saved with (Megatron-LM reads it back the same way)
+        meta.update({k: v for k, v in metadata.items() if k != "dp_cp_group"})
+    if not settings.parallel.distributed_optimizer:
+        meta.pop("distrib_optim_sharding_type", None)
     if settings.parallel.distributed_optimizer:
         _prime_adam_steps(optimizer)
     probe = Progress(iteration=iteration)
     state = sharded_state_dict(model, optimizer, scheduler, settings, rt, probe, padded_vocab, is_loading=True,
-                               with_rng=same_layout)
+                               rng=saved_rng if use_rng else None, metadata=meta)
     with torch.no_grad():
         try:
             loaded = dist_checkpointing.load(state, path)
-        except Exception as exc:
-            raise TrainError(f"cannot load {path}: {type(exc).__name__}: {exc}") from None
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # CheckpointException is a BaseException
+            raise _load_failed(path, iteration, exc) from None
         _unwrap(model).load_state_dict(loaded["model"], strict=True)
         optimizer.load_state_dict(loaded["optimizer"])
     if settings.parallel.distributed_optimizer:
         _restore_adam_steps(optimizer)
     scheduler.load_state_dict(loaded["opt_param_scheduler"])
-    if same_layout and loaded.get("rng_state"):
-        rng = loaded["rng_state"]
-        _set_rng_state(rng[0] if isinstance(rng, list) else rng, rt)
+    if use_rng and loaded.get(RNG_KEY):
+        rng = loaded[RNG_KEY]
+        if isinstance(rng, list):  # one entry, or one per DP rank (--data-parallel-random-init)
+            rng = rng[rt.dp_rank] if len(rng) > 1 else rng[0]
+        _set_rng_state(rng, rt)
     args = loaded.get("args") or saved_args
     return Progress(iteration=int(loaded["iteration"]),
                     consumed_train_samples=int(getattr(args, "consumed_train_samples", 0)),

@@ -153,3 +153,37 @@ def context_parallel_slice(batch: dict[str, Any], rt: Runtime) -> dict[str, Any]
     from megatron.core.utils import get_batch_on_this_cp_rank
 
     return get_batch_on_this_cp_rank(batch)
+
+
+def megatron_loader_draws(rt: Runtime, splits: int) -> None:
+    """Consume the default torch generator the way Megatron-LM's data iterators do, so that dropout
+    after a start or resume draws the same masks in both trainers.
+
+    pretrain_gpt.py builds its datasets only where is_dataset_built_on_rank() (first or last
+    pipeline stage, tensor-parallel rank 0; pretrain_gpt.py:205-211 at core_v0.16.1), after
+    load_checkpoint restored the RNG state, and wraps each one in a torch DataLoader
+    (training.py build_train_valid_test_data_iterators, :3451-3495); creating an iterator of a
+    DataLoader without its own generator draws one int64 from the default generator
+    (torch/utils/data/dataloader.py _BaseDataLoaderIter.__init__, its _base_seed). `splits`: the
+    DataLoaders Megatron-LM makes on such a rank (train, plus valid and test where they exist).
+    Verified with 100,0,0 splits (train only) at core_v0.16.1: without this, the first loss with
+    dropout differs between the trainers; with it, they are equal."""
+    import torch
+
+    if not ((rt.is_first_stage or rt.is_last_stage) and rt.tp_rank == 0):
+        return
+    for _ in range(splits):
+        torch.empty((), dtype=torch.int64).random_()
+
+
+def megatron_split_count(settings: TrainSettings, valid: Any) -> int:
+    """How many DataLoaders Megatron-LM builds for this run: train, valid (when a validation
+    dataset exists) and test (when the split gives it documents and eval_iters > 0; the builtin
+    never builds the test split, see _usable_splits)."""
+    from megatron.core.datasets.blended_megatron_dataset_config import parse_and_normalize_split
+
+    count = 1 + (valid is not None)
+    weights = parse_and_normalize_split(settings.data.split)
+    if len(weights) > 2 and weights[2] > 0 and settings.training.eval_iters > 0:
+        count += 1
+    return count

@@ -133,6 +133,8 @@ def run(settings: TrainSettings) -> int:
             tr.progress = ckpt.load(settings.checkpoint.dir, start_iter, ddp, optimizer, scheduler, settings, rt, vocab)
             log.info("resumed from %s/iter_%07d (consumed samples %d) in %.2f s", settings.checkpoint.dir,
                      start_iter, tr.progress.consumed_train_samples, time.perf_counter() - t0)
+        if start_iter is None:  # Megatron-LM's DataLoaders draw here too; a resume restores the state after them
+            data.megatron_loader_draws(rt, data.megatron_split_count(settings, valid_ds))
         params = model.count_parameters(ddp)
         log.info("GPT %d layers, hidden %d, %d heads, vocab %d (padded from %d), seq %d: %s parameters on this rank; "
                  "world %d = TP %d x PP %d x CP %d x DP %d; %s, %s, %s layer spec, %s; torch %s, megatron-core %s",

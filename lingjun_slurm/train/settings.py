@@ -98,6 +98,7 @@ class TrainSettings:
     training: TrainingSettings
     checkpoint: CheckpointSettings
     data: DataSettings
+    megatron_version: str | None = None  # plan settings.megatron_lm.version: the checkpoint conventions to follow
 
     @property
     def metrics_path(self) -> str:
@@ -141,6 +142,12 @@ def _check(settings: TrainSettings) -> None:
         raise TrainError("tensor x pipeline x context must be >= 1")
 
 
+def _megatron_version(raw: Any) -> str | None:
+    if isinstance(raw, dict) and raw.get("version") not in (None, ""):
+        return str(raw["version"])
+    return None
+
+
 def from_plan(plan: dict[str, Any]) -> TrainSettings:
     """The trainer's view of a plan; TrainError names the missing or inconsistent field."""
     try:
@@ -172,6 +179,7 @@ def from_plan(plan: dict[str, Any]) -> TrainSettings:
                                       format=str(ckpt.get("format") or "torch_dist")),
         data=DataSettings(prefix=str(prefix), split=str(data.get("split") or "969,30,1"),
                           tokenizer=dict(data.get("tokenizer") or {})),
+        megatron_version=_megatron_version(s.get("megatron_lm")),
     )
     if settings.checkpoint.format != "torch_dist":
         raise TrainError(f"checkpoint.format {settings.checkpoint.format!r}: the builtin trainer writes torch_dist")
