@@ -33,9 +33,16 @@ def main(plan: dict) -> int:
     except KeyboardInterrupt:
         print("lingjun-slurm: train: interrupted", file=sys.stderr, flush=True)
         return 130
+    except (SystemExit, GeneratorExit):
+        raise
     except Exception as exc:  # a crash inside torch/megatron: the traceback, then one summary line
         traceback.print_exc()
         print(f"lingjun-slurm: train: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except BaseException as exc:  # torch's CheckpointException (dist_checkpointing) is a BaseException
+        from ..train.ckpt import describe_exception
+
+        print(f"lingjun-slurm: train: {describe_exception(exc)}", file=sys.stderr, flush=True)
         return 1
 
 
