@@ -21,7 +21,8 @@ DAY_S = 86400.0
 
 def _cache_dir(spec_file: Optional[Path], cache_dir: Optional[Path]) -> Path:
     if (spec_file is None) == (cache_dir is None):
-        raise UsageError("give a spec file or --cache-dir DIR (one of the two)")
+        raise UsageError("lingjun-slurm image: name the cache with a spec file (its container.cache_dir) or "
+                         "--cache-dir DIR, one of the two")
     if cache_dir is not None:
         return cache_dir
     from .plan import container_plan
