@@ -60,7 +60,7 @@ CROSS_ARGV = """--num-layers 2 --hidden-size 32 --ffn-hidden-size 128 --num-atte
 --no-gradient-accumulation-fusion --no-masked-softmax-fusion --no-bias-gelu-fusion --no-bias-dropout-fusion
 --no-persist-layer-norm --use-cpu-initialization --num-workers 0 --no-create-attention-mask-in-dataloader""".split()
 
-SHIMS = ["lingjun_slurm.train.cpu_compat.activate(force=True)", "torch.cuda.device_count() = 1, set_device no-op",
+SHIMS = ["lingjun_slurm.train.cpu_compat.activate(force=True)", "torch.cuda.device_count() = 1, set_device no-op", "get_device_properties/capability: sm_90 (validate_args, TP > 1)",
          "torch.cuda.get/set_rng_state = the CPU generator's (set: None, what the builtin saves on the CPU, is skipped)", "torch.cuda.Stream/Event/stream/current_stream: null",
          "torch.cuda.empty_cache and memory stats: no-op / 0", "fused_kernels.load, compile_helpers, "
          "set_jit_fusion_options: no-op", "initialize_megatron(allow_no_cuda=True)",
@@ -83,6 +83,10 @@ import torch
 from lingjun_slurm.train import cpu_compat
 cpu_compat.activate(force=True)
 torch.cuda.device_count = lambda: 1
+class _Props:  # validate_args asks for the GPU arch when TP > 1 (as tools/megatron_reference.py answers)
+    major, minor, name, total_memory, multi_processor_count = 9, 0, "stand-in sm_90", 80 << 30, 132
+torch.cuda.get_device_properties = lambda *a, **k: _Props()
+torch.cuda.get_device_capability = lambda *a, **k: (9, 0)
 torch.cuda.set_device = lambda *a, **k: None
 torch.cuda.get_rng_state = lambda *a, **k: torch.get_rng_state()
 torch.cuda.set_rng_state = lambda s, *a, **k: None if s is None else torch.set_rng_state(s)  # a CPU run's checkpoint holds None

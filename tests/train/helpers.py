@@ -149,3 +149,45 @@ def metrics(run_dir: Path, kind: str = "train") -> list[dict[str, Any]]:
 def losses(tmp: Path, run_id: str = "t") -> dict[int, float]:
     """iteration -> loss; a later record of the same iteration (after a restart) wins."""
     return {r["iteration"]: r["loss"] for r in metrics(tmp / "runs" / run_id)}
+
+
+# The tiny GPT that tools/megatron_checkpoints.py trains with Megatron-LM's pretrain_gpt.py: its
+# argv (CROSS_ARGV there) and this plan describe the same run, so that checkpoints cross between
+# the two trainers (tests/train/test_cross_trainer.py).
+CROSS_VOCAB = 127  # null tokenizer: ids 0..126 and eod 127 (core_v0.16: --vocab-size 127 -> 128 ids)
+CROSS_MODEL: dict[str, Any] = {"num_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "num_query_groups": 4,
+                               "ffn_hidden_size": 128, "seq_length": 32, "max_position_embeddings": 32,
+                               "vocab_size": CROSS_VOCAB, "hidden_dropout": 0.1, "attention_dropout": 0.1}
+CROSS_ITERATIONS, CROSS_SAVED_AT = 6, 3
+
+
+def make_cross_dataset(prefix: Path, docs: int = 200, seed: int = 0) -> Path:
+    """The corpus of the cross-trainer checkpoints (committed beside them): ids 0..63, eod 127."""
+    import numpy as np
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    rng = np.random.default_rng(seed)
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=np.uint16)
+    for _ in range(docs):
+        length = int(rng.integers(40, 160))
+        start, stride = int(rng.integers(0, USED)), int(rng.integers(1, 4))
+        ids = (start + stride * np.arange(length)) % USED
+        builder.add_document(np.append(ids, CROSS_VOCAB).astype(np.int64), [length + 1])
+    builder.finalize(f"{prefix}.idx")
+    return prefix
+
+
+def cross_plan(tmp: Path, prefix: Path, *, tensor: int = 1, pipeline: int = 1, distributed_optimizer: bool = False,
+               iterations: int = CROSS_ITERATIONS, save_interval: int = CROSS_SAVED_AT,
+               ckpt_dir: Path | None = None, version: str | None = None) -> dict[str, Any]:
+    plan = make_plan(tmp, prefix, iterations=iterations, save_interval=save_interval, tensor=tensor,
+                     pipeline=pipeline, distributed_optimizer=distributed_optimizer, eval_interval=1000,
+                     eval_iters=0, log_interval=1, ckpt_dir=ckpt_dir)
+    s = plan["settings"]
+    s["model"].update(CROSS_MODEL)
+    s["data"].update(split="100,0,0", tokenizer={"type": "null", "path": None, "vocab_file": None,
+                                                  "merge_file": None, "vocab_size": CROSS_VOCAB})
+    if version:
+        s["megatron_lm"] = {"version": version}
+    return plan
