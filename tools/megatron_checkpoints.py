@@ -188,7 +188,8 @@ def _megatron(py: str, src: Path, tmp: Path, layout: str, ckpt: Path, data: Path
         cmd = [sys.executable, "-m", "lingjun_slurm.executors.launch", "--ntasks", str(ntasks), "--kill-on-bad-exit",
                "--", *cmd]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "CUDA_VISIBLE_DEVICES": ""}
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "CUDA_VISIBLE_DEVICES": "",
+           "CUDA_DEVICE_MAX_CONNECTIONS": "1"}  # validate_args requires it with TP > 1
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(tmp), timeout=900)
     log = tmp / f"log-{layout}-{tag}.txt"
     log.write_text(proc.stdout + proc.stderr)
