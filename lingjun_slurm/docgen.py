@@ -80,6 +80,34 @@ def spec_reference() -> str:
     return "\n".join(out) + "\n"
 
 
+def _unset_section() -> list[str]:
+    rules = network.unset_rules()
+    out = ["## Unsetting a variable that `/etc/nccl.conf` sets", "",
+           "NCCL reads `NCCL_CONF_FILE` (else `~/.nccl.conf`), then always `/etc/nccl.conf`, and applies each",
+           "`NAME=VALUE` line with `setenv(name, value, 0)`: a variable the job has not set comes back from the",
+           "file, one the job has set (to anything, the empty string included) is kept (NVIDIA/nccl",
+           "`src/misc/param.cc:27-67`, `src/os/linux.cc:106-108`). The cluster-init project writes each profile's",
+           "`NCCL_*` variables to the node's `/etc/nccl.conf`, so on those nodes `unset NAME` in a job cannot",
+           "undo them: a host job (and host nccl-tests) would get the file's value back.",
+           "",
+           "So a `null` override of a variable the profile's node file sets is rendered as an export of the",
+           "value NCCL reads exactly as if the variable were not set (`# unset by the spec; ...` above it;",
+           "`nccl-env --format env` writes `NAME=VALUE`, `--format json` lists them under `cleared`). Exported in",
+           "the batch script, the value also reaches pyxis containers, whose image may carry an",
+           "`/etc/nccl.conf` of its own. A `null` for any other variable stays a plain `unset`. Where no value",
+           "means \"not set\" in every NCCL version, the spec is refused with its file, line and field and what",
+           "to write instead. The table is `lingjun_slurm/presets/nccl_unset.yaml`; each row cites NCCL's source.",
+           "",
+           "| variable | exported for `null` | why (NVIDIA/nccl at 5067397c2676 unless a tag says) |", "|---|---|---|"]
+    for name in sorted(rules):
+        rule = rules[name]
+        shown = "refused: " + rule.instead if rule.value is None else f"`{rule.value}`" if rule.value else "empty"
+        out.append(f"| `{name}` | {shown} | {rule.source} |")
+    out += ["", "Not verified here: NCCL itself (no GPU or libnccl in CI). The tests model NCCL's file rule "
+            "(tests/unit/test_nccl_unset.py) and run every rendered block in bash.", ""]
+    return out
+
+
 def profiles_reference() -> str:
     out = [GENERATED, "", "# Network profiles", "",
            "One YAML file in the package (`lingjun_slurm/presets/network_profiles.yaml`) is the single source",
@@ -94,7 +122,8 @@ def profiles_reference() -> str:
            "training, its reason says why (Azure: the same value in Azure's own training examples). To try",
            "one in training, put it in `cluster.network.overrides`.", "",
            "Azure profiles copy upstream files at the commits listed under Revisions; tests/fixtures/network/",
-           "holds those values and tests/unit/test_network_sources.py checks the profiles against them.", ""]
+           "holds those values and tests/unit/test_network_sources.py checks the profiles against them.", "",
+           *_unset_section()]
     for prof in network.profiles().values():
         out += [f"## `{prof.name}`", "", prof.description, "", f"Source: {prof.source}.", ""]
         if prof.instance_types:

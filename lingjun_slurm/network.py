@@ -15,7 +15,8 @@ from .presets import load
 from .shell import quote
 
 __all__ = ["FORMATS", "SCOPES", "EnvVar", "NcclReference", "NetworkEnv", "Profile", "Revision", "get_profile",
-           "profile_for_instance", "profiles", "quote", "render", "resolve"]
+           "node_file_names", "profile_for_instance", "profiles", "quote", "render", "resolve", "unset_refusal",
+           "unset_rules"]
 
 FORMATS = ("sh", "env", "nccl.conf", "json")
 # Where a profile variable is set. "jobs" (the default): every job the tool renders (training and the
@@ -91,6 +92,9 @@ class NetworkEnv:
     vars: tuple[EnvVar, ...]
     unset: tuple[str, ...] = field(default_factory=tuple)
     mounts: tuple[str, ...] = field(default_factory=tuple)
+    # The unset variables that the node's /etc/nccl.conf sets: exported with the value NCCL reads as
+    # "not set" (nccl_unset.yaml), since NCCL would take the file's value for an unset one.
+    cleared: tuple[EnvVar, ...] = field(default_factory=tuple)
 
     def names(self) -> list[str]:
         return [v.name for v in self.vars]
@@ -145,9 +149,50 @@ def profile_for_instance(instance_type: str) -> Profile:
     raise UsageError(f"no network profile lists instance type {instance_type!r}; known: {', '.join(known)}")
 
 
+def node_file_names(profile: Profile) -> frozenset[str]:
+    """The variables the cluster-init project writes to the node's /etc/nccl.conf for this profile
+    (render(..., "nccl.conf") of the "jobs" scope keeps the NCCL_* ones)."""
+    return frozenset(v.name for v in profile.env if v.name.startswith("NCCL_"))
+
+
+@dataclass(frozen=True)
+class UnsetRule:
+    """How a job undoes a variable /etc/nccl.conf sets: export `value` (None: it cannot)."""
+
+    value: str | None
+    source: str
+    instead: str = ""
+
+
+def unset_rules() -> dict[str, UnsetRule]:
+    """nccl_unset.yaml: per NCCL variable, the value NCCL reads exactly as if it were not set."""
+    raw = load("nccl_unset.yaml")
+    rules = {name: UnsetRule("", f"{raw['integer_params']['source']}; {where}")
+             for name, where in raw["integer_params"]["names"].items()}
+    for name, entry in raw["strings"].items():
+        rules[name] = UnsetRule(entry["value"], " ".join(str(entry["source"]).split()), str(entry.get("instead", "")))
+    return rules
+
+
+def unset_refusal(profile: Profile, name: str) -> str | None:
+    """Why a spec cannot unset `name` on this profile's nodes, or None when it can."""
+    if name not in node_file_names(profile):
+        return None
+    rule = unset_rules().get(name)
+    if rule is not None and rule.value is not None:
+        return None
+    why = (f"NCCL applies the node's /etc/nccl.conf (profile {profile.name} sets {name} there) to every variable "
+           f"a job leaves unset, and no value of {name} means 'not set'")
+    if rule is None:
+        return f"{why} that lingjun-slurm knows of (lingjun_slurm/presets/nccl_unset.yaml): give a value instead"
+    return f"{why} ({rule.source}): {rule.instead}"
+
+
 def resolve(profile: Profile, overrides: Mapping[str, str | None] | None = None, scope: str = "jobs") -> NetworkEnv:
     """The profile's variables in `scope` ("nccl-tests" for nccl-test jobs), then the overrides:
-    a value replaces or adds a variable, None removes it."""
+    a value replaces or adds a variable, None removes it. A removed variable that the node's
+    /etc/nccl.conf sets is exported with the value NCCL reads as not set (NetworkEnv.cleared);
+    one without such a value is refused (UsageError), as the spec's checks do with its line."""
     overrides = dict(overrides or {})
     result: list[EnvVar] = []
     unset: list[str] = []
@@ -165,7 +210,16 @@ def resolve(profile: Profile, overrides: Mapping[str, str | None] | None = None,
             unset.append(name)
         else:
             result.append(EnvVar(name, str(value), "set in the spec"))
-    return NetworkEnv(profile.name, profile.description, tuple(result), tuple(unset), profile.mounts)
+    cleared = []
+    for name in unset:
+        if name not in node_file_names(profile):
+            continue
+        refusal = unset_refusal(profile, name)
+        if refusal:
+            raise UsageError(f"cannot unset {name}: {refusal}")
+        rule = unset_rules()[name]
+        cleared.append(EnvVar(name, str(rule.value), rule.source))
+    return NetworkEnv(profile.name, profile.description, tuple(result), tuple(unset), profile.mounts, tuple(cleared))
 
 
 def _no_newlines(env: NetworkEnv, fmt: str) -> None:
@@ -182,14 +236,21 @@ def render(env: NetworkEnv, fmt: str) -> str:
             "description": env.description,
             "env": [{"name": v.name, "value": v.value, "reason": v.reason} for v in env.vars],
             "unset": list(env.unset),
+            "cleared": [{"name": v.name, "value": v.value, "reason": v.reason} for v in env.cleared],
         }
         return json.dumps(doc, indent=2) + "\n"
     lines = [f"# NCCL network profile: {env.profile} ({env.description})"]
     if fmt == "sh":
         for var in env.vars:
             lines += [f"# {var.reason}", f"export {var.name}={quote(var.value)}"]
+        cleared = {v.name: v for v in env.cleared}
         for name in env.unset:
-            lines += ["# unset by the spec", f"unset {name}"]
+            if name in cleared:
+                lines += [f"# unset by the spec; the node's /etc/nccl.conf sets {name} and NCCL applies it to an unset",
+                          "# variable, so export the value NCCL reads as not set (docs/network-profiles.md)",
+                          f"export {name}={quote(cleared[name].value)}"]
+            else:
+                lines += ["# unset by the spec", f"unset {name}"]
     elif fmt in ("env", "nccl.conf"):
         _no_newlines(env, fmt)
         for var in env.vars:
@@ -197,6 +258,10 @@ def render(env: NetworkEnv, fmt: str) -> str:
                 lines.append(f"# {var.name} is not an NCCL parameter: set it in the job environment")
                 continue
             lines += [f"# {var.reason}", f"{var.name}={var.value}"]
+        if fmt == "env":
+            for var in env.cleared:
+                lines += ["# unset by the spec: the value NCCL reads as not set, over /etc/nccl.conf's",
+                          f"{var.name}={var.value}"]
     else:
         raise UsageError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     return "\n".join(lines) + "\n"

@@ -45,7 +45,7 @@ def check_network(spec: Spec) -> list[Issue]:
         return [Issue(loc, f"choose a network profile ({names}) or an instance_type; "
                            "a wrong NCCL setup is slow or hangs, so there is no silent default")]
     issues: list[Issue] = []
-    chosen = None
+    chosen = by_type = None
     if net.profile:
         try:
             chosen = network.get_profile(net.profile)
@@ -61,9 +61,13 @@ def check_network(spec: Spec) -> list[Issue]:
                 issues.append(Issue(loc + ("instance_type",),
                                     f"instance type {net.instance_type} belongs to profile {by_type.name!r}, "
                                     f"not {chosen.name!r}; give one of the two"))
-    for name in net.overrides:
+    for name, value in net.overrides.items():
         if name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES):
             issues.append(Issue(loc + ("overrides", name), f"{name} is set by the tool, not by the network profile"))
+        elif value is None and (chosen or by_type):
+            refusal = network.unset_refusal(chosen or by_type, name)
+            if refusal:
+                issues.append(Issue(loc + ("overrides", name), f"null cannot unset {name}: {refusal}"))
     return issues
 
 

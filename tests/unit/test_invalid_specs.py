@@ -258,6 +258,8 @@ CASES = [
       "belongs to profile 'lingjun'", "instance-vs-profile"),
     c("megatron", {"cluster.network.overrides.MASTER_ADDR": "10.0.0.1"}, "cluster.network.overrides.MASTER_ADDR",
       "set by the tool", "override-reserved"),
+    c("megatron", {"cluster.network.overrides.NCCL_NET_PLUGIN": None}, "cluster.network.overrides.NCCL_NET_PLUGIN",
+      "no value of NCCL_NET_PLUGIN means 'not set'", "override-unset-from-node-file"),
     c("megatron", {"env.RANK": "0"}, "env.RANK", "set by Slurm or by the tool", "env-reserved"),
     c("megatron", {"env.SLURM_JOB_NAME": "x"}, "env.SLURM_JOB_NAME", "set by Slurm", "env-reserved-prefix"),
     c("megatron", {"env.NCCL_IB_HCA": "mlx5"}, "env.NCCL_IB_HCA", "cluster.network.overrides", "env-nccl"),

@@ -78,15 +78,19 @@ def test_overrides_replace_add_and_unset() -> None:
     assert names[-1] == "NCCL_ALGO"
     assert dict((v.name, v.value) for v in env.vars)["NCCL_DEBUG"] == "WARN"
     sh = network.render(env, "sh")
-    assert "unset NCCL_IB_TC" in sh and "profile lingjun: INFO" in sh
+    # /etc/nccl.conf sets NCCL_IB_TC on lingjun nodes: `unset` would let it back (tests/unit/test_nccl_unset.py)
+    assert "unset NCCL_IB_TC" not in sh and "export NCCL_IB_TC=''" in sh and "profile lingjun: INFO" in sh
+    assert [v.name for v in env.cleared] == ["NCCL_IB_TC"]
 
 
 def test_cli_set_and_unset(capsys) -> None:
     code, out, _ = run_cli(capsys, "nccl-env", "--profile", "lingjun", "--format", "env",
-                           "--set", "NCCL_DEBUG=WARN", "--unset", "NCCL_NET_PLUGIN")
+                           "--set", "NCCL_DEBUG=WARN", "--unset", "NCCL_IB_TC", "--unset", "NCCL_ALGO")
     assert code == 0
     got = dict(pairs(out, "env"))
-    assert got["NCCL_DEBUG"] == "WARN" and "NCCL_NET_PLUGIN" not in got
+    assert got["NCCL_DEBUG"] == "WARN" and got["NCCL_IB_TC"] == "" and "NCCL_ALGO" not in got
+    code, out, err = run_cli(capsys, "nccl-env", "--profile", "lingjun", "--unset", "NCCL_NET_PLUGIN")
+    assert code == 2 and out == "" and "cannot unset NCCL_NET_PLUGIN" in err and "libnccl-net-X.so" in err
 
 
 def test_nccl_conf_keeps_only_nccl_parameters() -> None:
