@@ -218,7 +218,9 @@ def _write_chart(write: Callable[..., str], path: str, *args: Any, **kwargs: Any
 @click.option("--report", "report_mode", is_flag=True, help="Report on existing outputs (FILE|DIR...), submit nothing.")
 @click.option("--chart", "chart_path", type=click.Path(dir_okay=False), help="PNG path [default: <outdir>/busbw.png].")
 @click.option("--no-chart", is_flag=True, help="Write no chart (no matplotlib needed).")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (schema 1).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (report.json, schema 2).")
+@click.option("--report-json", "report_json", type=click.Path(dir_okay=False),
+              help="With --report: where to write report.json [default: beside the outputs, as the chart].")
 @click.option("--bisect", is_flag=True, help="Find slow nodes of --nodelist with 2-node all_reduce pairs.")
 @click.option("--poll-interval", type=click.FloatRange(0.1, 600), default=5.0, show_default=True,
               help="Seconds between queue polls (one squeue covers every job).")
@@ -275,20 +277,57 @@ def _report_mode(paths: list[str], p: dict[str, Any], conns: Connections) -> Non
     title = f"nccl-tests report: {paths[0]}" + (f" and {len(paths) - 1} more" if len(paths) > 1 else "")
     report = build(outputs, title=title, expected=expected, references=refs,
                    profile=prof.name if prof else None)
+    # The chart and report.json go beside the outputs: into the run directory, or the first file's directory.
+    if remote:
+        first = paths[0].rstrip("/")
+        directory = first if t.listdir(first) else first.rsplit("/", 1)[0] or "/"
+    else:
+        first = os.path.abspath(paths[0])
+        directory = first if os.path.isdir(first) else os.path.dirname(first)
     if not p["no_chart"]:
-        if remote:
-            first = paths[0].rstrip("/")
-            directory = first if t.listdir(first) else first.rsplit("/", 1)[0] or "/"
-            default = f"{directory}/busbw.png"
-        else:
-            first = os.path.abspath(paths[0])
-            default = os.path.join(first if os.path.isdir(first) else os.path.dirname(first), "busbw.png")
-        drawn, upload = _chart_target(t, p["chart_path"], default)
+        drawn, upload = _chart_target(t, p["chart_path"], f"{directory.rstrip('/')}/busbw.png")
         _chart(report, drawn)
         _publish_chart(t, report, drawn, upload)
+    if p["report_json"]:  # a path on this machine, as --chart is
+        _write_report_json(LocalTransport(), report, p["report_json"])
+    else:
+        target = t if remote else LocalTransport()
+        path = f"{directory.rstrip('/')}/report.json"
+        report.jobs = _jobs_of_run(target, path)  # a run's own report.json keeps its job ends
+        _write_report_json(target, report, path)
     _emit(report, p["as_json"])
     if not report.ok:
         sys.exit(EXIT_FAILURE)
+
+
+def _jobs_of_run(t: Any, path: str) -> list[Any]:
+    """The job ends that a run (`nccl-test` without --report) recorded in its report.json, so that
+    reporting on its directory again neither drops them nor forgets a failed job."""
+    from .errors import LingjunError
+    from .nccltests.run import JobEnd
+
+    try:
+        doc = json.loads(t.read_text(path)) if t.exists(path) else {}
+        jobs = doc.get("jobs") if isinstance(doc, dict) else None
+        return [JobEnd(str(j["job_id"]), str(j["state"]), j.get("exit_code"), j.get("reason"), j.get("nodes"))
+                for j in jobs or [] if isinstance(j, dict) and "job_id" in j and "state" in j]
+    except (LingjunError, ValueError, TypeError):
+        return []
+
+
+def _write_report_json(t: Any, report: "Report", path: str) -> None:
+    """report.json (schema 2, docs/nccl-tests.md) for the run report and other readers. A path that
+    cannot be written (a read-only directory of outputs) is a warning, as for the chart: the report
+    on stdout and the exit code still come."""
+    from .errors import LingjunError
+    from .nccltests.report import to_json
+
+    try:
+        t.write_atomic(path, json.dumps(to_json(report), indent=2) + "\n")
+    except LingjunError as exc:
+        click.echo(f"warning: no report.json: {exc}", err=True)
+        return
+    report.json_path = path if t.kind == "local" else f"{t.host}:{path}"
 
 
 def _job(p: dict[str, Any], prof: Any, net: Any, out_dir: str, nodes: Optional[int]) -> "NcclJob":
@@ -336,6 +375,8 @@ def _run_mode(p: dict[str, Any], conns: Connections) -> None:
     from .nccltests.plan import check
     from .transport import LocalTransport
 
+    if p["report_json"]:
+        raise UsageError("--report-json is for --report: a run writes <outdir>/report.json")
     prof, net = _network(p["profile"], p["instance_type"], p["sets"], p["unsets"], required=True)
     refs = _references(prof, p["expects"])
     if p["render_dir"] and (p["outdir"] or p["no_wait"] or p["bisect"]):
@@ -436,6 +477,7 @@ def _submit_and_report(t: Any, job: "NcclJob", prof: Any, refs: list[Any], p: di
         _chart(report, drawn)
         _publish_chart(t, report, drawn, upload)
     t.write_atomic(f"{job.out_dir}/report.json", json.dumps(to_json(report), indent=2) + "\n")
+    report.json_path = f"{job.out_dir}/report.json" if t.kind == "local" else f"{t.host}:{job.out_dir}/report.json"
     _emit(report, p["as_json"])
     if not report.ok:
         sys.exit(EXIT_FAILURE)

@@ -13,7 +13,7 @@ from .plan import SCRIPT, NcclJob, render, with_options
 from .results import load_op
 from .run import JobEnd, Waiter, submit_all
 from .sizes import human_size
-from .verdict import Reference, busbw_value, data_errors
+from .verdict import Reference, busbw_value, failure_reasons
 
 OP = "all_reduce"
 
@@ -35,12 +35,12 @@ def pair_busbw(t: Transport, directory: str, end: JobEnd, size: Optional[int],
     """A pair's bandwidth figure and the evidence line; None when the job or the test failed."""
     out = load_op(t, directory, OP)
     where = f"job {end.job_id} {end.state}" + ("" if end.exit_code in (None, 0) else f" exit {end.exit_code}")
-    if out.result is None or not out.result.rows or out.incomplete:
+    if out.result is None:
         return None, f"{where}: {out.problem or 'no results table'}"
-    errors = data_errors(out.result)
-    if errors:
-        return None, f"{where}: {errors}"
-    ranks = len({r.rank for r in out.result.ranks})
+    failed = failure_reasons(out.result)
+    if failed:
+        return None, f"{where}: {'; '.join(failed)}"
+    ranks = out.result.rank_count or 0
     if ranks and ranks != expected_ranks:
         return None, f"{where}: {ranks} rank(s) reported for {expected_ranks} tasks (each task ran alone?)"
     value = busbw_value(out.result, size)

@@ -2,11 +2,14 @@
 
 The table shows the out-of-place algbw and busbw (nccl-tests' first set of columns; the in-place
 value where out-of-place is N/A). Verdicts use the reference's own definition (verdict.py).
+``to_json`` writes report.json, schema 2: pinned by ``report.schema.json`` beside this module and
+described in docs/nccl-tests.md ("report.json").
 """
 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
@@ -16,7 +19,7 @@ from .run import JobEnd
 from .sizes import human_size
 from .verdict import FAIL, Reference, Shape, Verdict, judge
 
-REPORT_SCHEMA = 1
+REPORT_SCHEMA = 2
 
 
 @dataclass
@@ -32,6 +35,7 @@ class Report:
     jobs: list[JobEnd] = field(default_factory=list)
     chart: Optional[str] = None
     log: Optional[str] = None  # the Slurm log of the job, shown when something failed
+    json_path: Optional[str] = None  # where report.json was written (not part of it)
 
     @property
     def ok(self) -> bool:
@@ -40,9 +44,8 @@ class Report:
 
 def build(outputs: list[OpOutput], *, title: str, expected: Optional[Shape], references: list[Reference],
           profile: Optional[str], jobs: Optional[list[JobEnd]] = None) -> Report:
-    ops = [OpReport(o, Verdict(o.op, FAIL, o.problem or "incomplete output") if o.incomplete else
-                    judge(o.op, o.result, expected=expected, references=references, profile=profile,
-                          problem=o.problem)) for o in outputs]
+    ops = [OpReport(o, judge(o.op, o.result, expected=expected, references=references, profile=profile,
+                             problem=o.problem)) for o in outputs]
     return Report(title=title, ops=ops, jobs=list(jobs or []))
 
 
@@ -57,10 +60,17 @@ def _fmt(value: Optional[float]) -> str:
     return "-" if value is None or math.isnan(value) else f"{value:.2f}"
 
 
+def _labels(ops: list[OpReport]) -> list[str]:
+    """The op names, with the file's name where two outputs are of the same op."""
+    names = [o.output.op for o in ops]
+    return [name if names.count(name) == 1 else f"{name} ({os.path.basename(o.output.path or '?')})"
+            for name, o in zip(names, ops)]
+
+
 def table(report: Report) -> tuple[list[str], list[list[str]]]:
     """Header and rows: size, then algbw and busbw (GB/s) of each op; '-' where not measured."""
     with_rows = [o for o in report.ops if o.output.result is not None and o.output.result.rows]
-    header = ["size"] + [f"{o.output.op} {kind}" for o in with_rows for kind in ("algbw", "busbw")]
+    header = ["size"] + [f"{label} {kind}" for label in _labels(with_rows) for kind in ("algbw", "busbw")]
     by_op = [{row.size_bytes: _bw(row) for row in o.output.result.rows} for o in with_rows]  # type: ignore[union-attr]
     sizes = sorted({s for rows in by_op for s in rows})
     body = []
@@ -74,10 +84,9 @@ def table(report: Report) -> tuple[list[str], list[list[str]]]:
 
 
 def verdict_lines(report: Report) -> list[str]:
-    lines = [o.verdict.line() for o in report.ops]
+    lines = [o.verdict.line(label) for label, o in zip(_labels(report.ops), report.ops)]
     for o in report.ops:
-        if o.output.problem and o.output.result is not None and o.output.result.rows and not o.output.incomplete:
-            lines.append(f"{o.output.op}: note: {o.output.problem}")
+        lines += [f"{o.output.op}: note: {note}" for note in o.output.notes]
     for job in report.jobs:
         if not job.ok:
             code = "" if job.exit_code is None else f", exit {job.exit_code}"
@@ -97,6 +106,8 @@ def format_plain(report: Report) -> str:
     out += verdict_lines(report)
     if report.chart:
         out.append(f"chart: {report.chart}")
+    if report.json_path:
+        out.append(f"report.json: {report.json_path}")
     return "\n".join(out) + "\n"
 
 
@@ -123,6 +134,8 @@ def print_rich(report: Report) -> None:
         console.print(line, style="red", markup=False, highlight=False)
     if report.chart:
         console.print(f"chart: {report.chart}", markup=False, highlight=False)
+    if report.json_path:
+        console.print(f"report.json: {report.json_path}", markup=False, highlight=False)
 
 
 def _num(value: Optional[float]) -> Optional[float]:
@@ -130,27 +143,35 @@ def _num(value: Optional[float]) -> Optional[float]:
 
 
 def _rows(result: NcclTestResult) -> list[dict[str, Any]]:
-    return [{"size": r.size_bytes, "count": r.count, "type": r.dtype, "redop": r.redop, "root": r.root,
-             "out_of_place": {"time_us": _num(r.oop_time_us), "algbw": _num(r.oop_algbw), "busbw": _num(r.oop_busbw),
-                              "wrong": r.oop_wrong},
-             "in_place": {"time_us": _num(r.ip_time_us), "algbw": _num(r.ip_algbw), "busbw": _num(r.ip_busbw),
-                          "wrong": r.ip_wrong}} for r in result.rows]
+    out = []
+    for r in result.rows:
+        errors = [e for e in (r.oop_error, r.ip_error) if e is not None and not math.isnan(e)]
+        out.append({"size_bytes": r.size_bytes, "count": r.count, "type": r.dtype, "redop": r.redop, "root": r.root,
+                    "time_out_us": _num(r.oop_time_us), "algbw_out": _num(r.oop_algbw), "busbw_out": _num(r.oop_busbw),
+                    "time_in_us": _num(r.ip_time_us), "algbw_in": _num(r.ip_algbw), "busbw_in": _num(r.ip_busbw),
+                    "wrong": r.wrong, "max_error": max(errors) if errors else None})
+    return out
+
+
+def op_json(o: OpReport) -> dict[str, Any]:
+    """One op of report.json (schema 2): what the output says and the verdict on it."""
+    out, res, ref = o.output, o.output.result, o.verdict.reference
+    return {
+        "op": out.op, "file": out.path, "op_from": out.op_from,
+        "ranks": out.ranks, "ranks_from": out.ranks_from, "hosts": res.hosts if res else [],
+        "rows": _rows(res) if res else [],
+        "avg_busbw": _num(res.avg_busbw) if res and res.avg_busbw is not None else None,
+        "out_of_bounds": res.out_of_bounds if res else None,
+        "complete": out.complete,
+        "verdict": o.verdict.status, "reason": o.verdict.reason,
+        "measured_gbps": o.verdict.measured_gbps, "reference": asdict(ref) if ref else None,
+        "problem": out.problem, "notes": list(out.notes),
+    }
 
 
 def to_json(report: Report) -> dict[str, Any]:
-    """{"schema": 1, "title", "ok", "jobs": [...], "ops": [{"op", "file", "problem", "avg_busbw",
-    "ranks", "rows": [...], "verdict": {"status", "reason", "measured_gbps", "reference"}}], "chart"}"""
-    ops = []
-    for o in report.ops:
-        res = o.output.result
-        ref = o.verdict.reference
-        ops.append({
-            "op": o.output.op, "file": o.output.path, "problem": o.output.problem,
-            "avg_busbw": _num(res.avg_busbw) if res else None,
-            "ranks": len({r.rank for r in res.ranks}) if res else None,
-            "rows": _rows(res) if res else [],
-            "verdict": {"status": o.verdict.status, "reason": o.verdict.reason,
-                        "measured_gbps": o.verdict.measured_gbps, "reference": asdict(ref) if ref else None},
-        })
+    """report.json, schema 2 (report.schema.json): {"schema": 2, "title", "ok", "jobs": [{"job_id", "state",
+    "exit_code", "reason", "nodes"}], "ops": [op_json(...)], "chart", "log"}."""
     return {"schema": REPORT_SCHEMA, "title": report.title, "ok": report.ok,
-            "jobs": [asdict(j) for j in report.jobs], "ops": ops, "chart": report.chart, "log": report.log}
+            "jobs": [asdict(j) for j in report.jobs], "ops": [op_json(o) for o in report.ops],
+            "chart": report.chart, "log": report.log}

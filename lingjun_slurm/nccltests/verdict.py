@@ -6,30 +6,27 @@ Azure's check_nccl_allreduce reads nccl-tests' "Avg bus bandwidth" of a run over
 is the mean of the out-of-place and in-place busbw at that size; "peak" takes the best row.
 The reference's own threshold is used as is (no margin of our own). A profile figure applies only
 to the test shape it was published for (Azure's: one VM, 8 GPUs); other shapes get no verdict.
+
+Before any figure, the output itself can fail the test (``failure_reasons``): no results table, a row
+cut short, nccl-tests' own failure lines (quoted as the line that says why: ``<host>: Test CUDA
+failure <file>:<line> '<why>'``, NVIDIA/nccl-tests src/common.h CUDACHECK/NCCLCHECK, not the
+``.. <host> pid N: Test failure`` traceback TESTCHECK prints after it), wrong elements, out-of-bounds
+values, no closing "Avg bus bandwidth" line, nccl-tests' own NCCL_TESTS_MIN_BW check, or tasks that
+each ran their own test.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from typing import Optional
 
 from ..network import Profile
-from .parse import NcclTestResult, Row
+from .parse import OPS, NcclTestResult, Row
+from .parse import op_of  # noqa: F401  (re-exported: verdict.op_of is used by callers and tests)
 from .sizes import human_size, parse_size
 
-# The nccl-tests binaries (<op>_perf, or <op>_perf_mpi as NGC images name the MPI builds).
-OPS = ("all_reduce", "all_gather", "alltoall", "broadcast", "gather", "hypercube", "reduce", "reduce_scatter",
-       "scatter", "sendrecv")
 PASS, FAIL, NONE = "PASS", "FAIL", "NONE"
-_OP_RE = re.compile(r"^(\w+?)_perf(?:_mpi)?$")
-
-
-def op_of(test_name: Optional[str]) -> Optional[str]:
-    """'all_reduce_perf' or 'all_reduce_perf_mpi' -> 'all_reduce'; None when it is not a known test."""
-    match = _OP_RE.match(test_name or "")
-    return match.group(1) if match and match.group(1) in OPS else None
 
 
 @dataclass(frozen=True)
@@ -133,36 +130,111 @@ class Verdict:
     measured_gbps: Optional[float] = None
     reference: Optional[Reference] = None
 
-    def line(self) -> str:
+    def line(self, name: Optional[str] = None) -> str:
         label = {PASS: "PASS", FAIL: "FAIL", NONE: "no verdict"}[self.status]
-        return f"{self.op}: {label}: {self.reason}"
+        return f"{name or self.op}: {label}: {self.reason}"
+
+
+_GENERIC_LAUNCHER = ("srun: error: ", "mpirun detected that", "Primary job", "srun: Job step aborted")
+
+
+def cause(result: NcclTestResult) -> Optional[str]:
+    """The line that says why a test failed: nccl-tests' own failure line ("<host>: Test CUDA failure
+    common.cu:1304 'CUDA-capable device(s) is/are busy or unavailable'", not the ".. Test failure
+    common.cu:891" traceback after it), with NCCL's first warning when it printed one; else the message
+    that cut a row short; else the launcher's most specific error line. None when nothing says."""
+    if result.failures:
+        line = result.failures[0]
+        others = len(result.failures) - 1
+        if others:
+            line += f" (and {others} more failure line{'s' if others > 1 else ''})"
+        if result.nccl_warnings:
+            line += f"; first NCCL warning: {result.nccl_warnings[0]}"
+        return line
+    if result.interrupted is not None and result.interrupted.text:
+        return result.interrupted.text
+    if result.launcher_errors:
+        specific = [e for e in result.launcher_errors if not e.startswith(_GENERIC_LAUNCHER)
+                    or "Invalid MPI" in e or "CANCELLED" in e or "Unable" in e]
+        return (specific or result.launcher_errors)[0]
+    return None
 
 
 def data_errors(result: NcclTestResult) -> Optional[str]:
-    wrong = sum(w for row in result.rows for w in (row.oop_wrong, row.ip_wrong) if w and w > 0)
-    if wrong:
-        return f"{wrong} wrong elements in the data check (#wrong column)"
+    """What the data check found: wrong elements (#wrong, nccl-tests >= 2.13) and out-of-bounds values
+    (the count of checks that found errors; before 2.13 the only sign, the error column being the
+    maximum deviation)."""
+    bad = [row for row in result.rows if row.wrong]
+    parts = []
+    if bad:
+        total = sum(row.wrong or 0 for row in bad)
+        sizes = ", ".join(human_size(row.size_bytes) for row in bad[:4]) + (" ..." if len(bad) > 4 else "")
+        parts.append(f"{total} wrong elements in the data check (#wrong) at {sizes}")
     if result.out_of_bounds:
-        return f"{result.out_of_bounds} out-of-bounds values (the test's own bandwidth or data check failed)"
-    return None
+        parts.append(f"Out of bounds values: {result.out_of_bounds} FAILED")
+    return "; ".join(parts) or None
+
+
+def failure_reasons(result: NcclTestResult) -> list[str]:
+    """Every reason the output itself gives to fail, most telling first; [] when it shows a finished,
+    clean run. Independent of any reference figure or expected shape."""
+    reasons: list[str] = []
+    why = cause(result)
+    if not result.rows:
+        if result.interrupted is not None:
+            where = f" (it died in the {human_size(result.interrupted.size_bytes)} row)" \
+                if result.interrupted.size_bytes is not None else ""
+            reasons.append(f"no results table{where}: {why or 'the output stops in the first row'}")
+        else:
+            said = why or result.said
+            reasons.append("no results table (nccl-tests did not run)" + (f": {said}" if said else
+                           ": the output is empty" if result.last_line == 0 else ""))
+        return reasons
+    last = human_size(result.rows[-1].size_bytes)
+    if result.interrupted is not None:
+        size = result.interrupted.size_bytes
+        during = f"during the {human_size(size)} measurement" if size is not None else "in a row cut short"
+        reasons.append(f"{why} ({during})" if why else
+                       f"incomplete: the output stops {during}, after the {last} row, without the 'Avg bus "
+                       "bandwidth' line (the test was killed, failed or is still running)")
+    elif why and result.failures:
+        reasons.append(why if result.ended else f"{why} (after the {last} row)")
+    errors = data_errors(result)
+    if errors:
+        reasons.append(errors)
+    if not result.ended and result.interrupted is None:
+        said = f"; it says: {why or result.said}" if (why or result.said) and not result.failures else ""
+        reasons.append(f"incomplete: the output stops after the {last} row without the 'Avg bus bandwidth' line "
+                       f"(the test was killed, failed or is still running){said}")
+    if result.avg_check == "FAILED":
+        reasons.append(f"nccl-tests' own check failed: Avg bus bandwidth {result.avg_busbw:g} FAILED "
+                       "(below 0.9 x NCCL_TESTS_MIN_BW)")
+    repeated = len(result.ranks) - len({r.rank for r in result.ranks})
+    if repeated and result.streams == 1:
+        reasons.append(f"the rank lines repeat ({repeated} of {len(result.ranks)} are a rank already listed): "
+                       "each task ran its own test (a binary built without MPI=1, or --mpi does not match its MPI)")
+    if result.streams > 1:
+        reasons.append(f"{result.streams} tasks each printed their own nccl-tests header: each ran as its own "
+                       "test (a binary built without MPI=1, or --mpi does not match its MPI)")
+    return reasons
 
 
 def judge(op: str, result: Optional[NcclTestResult], *, expected: Optional[Shape], references: list[Reference],
           profile: Optional[str], problem: Optional[str] = None) -> Verdict:
-    """The verdict for one op. `problem` explains a missing result (no output file, unparseable)."""
+    """The verdict for one op. `problem` explains a missing result (no output file, unparseable).
+    FAIL when the output shows a failure (failure_reasons), when it reports another rank count than
+    the job's tasks, or when a reference applies and the busbw is below it; PASS when a reference
+    applies and is met; NONE (measurement only) otherwise."""
     if result is None:
         return Verdict(op, FAIL, problem or f"no {op} output")
-    if not result.rows:
-        return Verdict(op, FAIL, problem or "no results table in the output (nccl-tests did not run)")
-    errors = data_errors(result)
-    if errors:
-        return Verdict(op, FAIL, errors)
-    seen = observed_shape(result)
-    if seen and expected and expected.ranks and len({r.rank for r in result.ranks}) != expected.ranks:
-        count = len({r.rank for r in result.ranks})
+    reasons = failure_reasons(result)
+    if reasons:
+        return Verdict(op, FAIL, "; ".join(reasons))
+    count = result.rank_count
+    if count and expected and expected.ranks and count != expected.ranks:
         return Verdict(op, FAIL, f"nccl-tests reports {count} rank(s) but the job ran {expected.ranks} tasks: each "
                                  "task ran on its own (a binary built without MPI=1, or --mpi does not match its MPI)")
-    shape = seen or expected
+    shape = observed_shape(result) or expected
     mine = [r for r in references if r.op == op and r.nodes is None]
     published = [r for r in references if r.op == op and r.nodes is not None]
     if mine:

@@ -213,7 +213,8 @@ def test_the_command_imports_neither_torch_nor_numpy(tmp_path: Path) -> None:
 import sys
 from lingjun_slurm.cli import main
 for args in (["nccl-test", "--help"], ["nccl-test", "--render-only", {str(tmp_path / 'o')!r}, "--profile", "lingjun"],
-             ["nccl-test", "--report", {str(FIXTURES / 'h100_a3mega_all_reduce.txt')!r}, "--no-chart"]):
+             ["nccl-test", "--report", {str(FIXTURES / 'h100_a3mega_all_reduce.txt')!r}, "--no-chart",
+              "--report-json", {str(tmp_path / 'report.json')!r}]):
     try:
         main(args)
     except SystemExit as exc:
@@ -229,12 +230,15 @@ def test_report_mode_verdicts_and_exit_codes(capsys: pytest.CaptureFixture[str],
     need_matplotlib()
     reduce_txt = str(FIXTURES / "h100_a3mega_all_reduce.txt")
     code, out, _ = run_cli(capsys, "--report", reduce_txt, "--expect", "all_reduce=400", "--chart",
-                           str(tmp_path / "c.png"))
+                           str(tmp_path / "c.png"), "--report-json", str(tmp_path / "r.json"))
     assert code == 1 and "all_reduce: FAIL: busbw 338.82 GB/s peak < 400 GB/s" in out
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG" and f"chart: {tmp_path / 'c.png'}" in out
-    code, out, _ = run_cli(capsys, "--report", reduce_txt, "--profile", "lingjun", "--json", "--no-chart")
+    assert f"report.json: {tmp_path / 'r.json'}" in out and json.loads((tmp_path / "r.json").read_text())["ok"] is False
+    code, out, _ = run_cli(capsys, "--report", reduce_txt, "--profile", "lingjun", "--json", "--no-chart",
+                           "--report-json", str(tmp_path / "r.json"))
     doc = json.loads(out)
-    assert code == 0 and doc["ok"] and doc["ops"][0]["verdict"]["status"] == "NONE"
+    assert code == 0 and doc["ok"] and doc["ops"][0]["verdict"] == "NONE"
+    assert json.loads((tmp_path / "r.json").read_text()) == doc  # --json prints what report.json holds
 
 
 def test_render_only_counts_the_node_list_with_scontrol_when_it_can(capsys: pytest.CaptureFixture[str],
@@ -277,6 +281,22 @@ def test_a_chart_that_cannot_be_written_does_not_lose_the_report(capsys: pytest.
     need_matplotlib()
     (tmp_path / "afile").write_text("")  # the chart's directory cannot be created, even by root
     code, out, err = run_cli(capsys, "--report", str(FIXTURES / "h100_a3mega_all_reduce.txt"), "--expect",
-                             "all_reduce=300", "--chart", str(tmp_path / "afile" / "c.png"))
+                             "all_reduce=300", "--chart", str(tmp_path / "afile" / "c.png"),
+                             "--report-json", str(tmp_path / "r.json"))
     assert code == 0 and "all_reduce: PASS: busbw 338.82 GB/s peak >= 300 GB/s" in out and "chart:" not in out
     assert "warning: no chart: cannot write the chart" in err and "internal error" not in err
+
+
+def test_reporting_on_a_run_directory_again_keeps_its_job_ends(capsys: pytest.CaptureFixture[str],
+                                                               tmp_path: Path) -> None:
+    """A run's own report.json lists its Slurm jobs; --report on that directory rewrites report.json
+    from the outputs but keeps the job ends, so a job that failed still fails the report."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "all_reduce.txt").write_bytes((FIXTURES / "h100_a3mega_all_reduce.txt").read_bytes())
+    job = {"job_id": "41", "state": "NODE_FAIL", "exit_code": 1, "reason": "node h7 failed", "nodes": "h[7-8]"}
+    (run / "report.json").write_text(json.dumps({"schema": 2, "jobs": [job], "ops": []}))
+    code, out, _ = run_cli(capsys, "--report", str(run), "--no-chart", "--json")
+    doc = json.loads((run / "report.json").read_text())
+    assert code == 1 and doc["jobs"] == [job] and doc["ok"] is False and json.loads(out) == doc
+    assert doc["ops"] and doc["ops"][0]["op"] == "all_reduce"

@@ -13,6 +13,7 @@ from lingjun_slurm.nccltests.parse import (
     busbw_at,
     max_busbw,
     parse_json,
+    parse_runs,
     parse_text,
 )
 
@@ -151,8 +152,12 @@ HEADER = (
 )
 
 
+GOOD_ROW = "        2048           512     float     sum      -1    12.5    0.16    0.30      0    12.4    0.17    0.31      0\n"
+
+
 def test_malformed_row_reports_line_number() -> None:
-    text = "# nThread 1 nGpus 8\n" + HEADER + "        1024           256     float     sum      -1    12.5\n"
+    # A short row followed by more rows is not a test that stopped there: it is a malformed row.
+    text = "# nThread 1 nGpus 8\n" + HEADER + "        1024           256     float     sum      -1    12.5\n" + GOOD_ROW
     with pytest.raises(NcclParseError) as exc:
         parse_text(text)
     assert exc.value.line == 4 and "line 4" in str(exc.value)
@@ -163,6 +168,21 @@ def test_non_numeric_value_in_row() -> None:
     text = HEADER + "  8  2  float  sum  -1  abc  0.00  0.00  0  1.0  0.00  0.00  0\n"
     with pytest.raises(NcclParseError, match="line 3"):
         parse_text(text)
+
+
+def test_an_output_that_stops_in_a_row_is_a_test_that_died_there() -> None:
+    # writeBenchmarkLinePreamble prints the size columns before measuring (src/util.cu): a job killed
+    # during a size leaves them alone (or with the out-of-place half only) at the end of the output.
+    for last in ("        4096          1024     float     sum      -1",
+                 "        4096          1024     float     sum      -1    12.5    0.33    0.61      0"):
+        r = parse_text(HEADER + GOOD_ROW + last + "\n")
+        assert [x.size_bytes for x in r.rows] == [2048] and not r.complete
+        assert r.interrupted is not None and r.interrupted.size_bytes == 4096 and r.interrupted.text == ""
+    # ... or followed on the same line by the error that ended it (NVIDIA/nccl-tests#355).
+    r = parse_text(HEADER + "     2097152         32768     float    none      -1 node0: Test CUDA failure "
+                            "common.cu:389 'an illegal memory access was encountered'\n")
+    assert r.rows == [] and r.interrupted.size_bytes == 2097152
+    assert r.failures == ["node0: Test CUDA failure common.cu:389 'an illegal memory access was encountered'"]
 
 
 def test_log_noise_and_rows_before_header_are_ignored() -> None:
@@ -234,3 +254,40 @@ def test_parse_json_writer_format() -> None:
 def test_parse_json_errors(text: str) -> None:
     with pytest.raises(NcclParseError):
         parse_json(text)
+
+
+def test_launcher_prefixes_are_learned_from_rank_0s_header_line() -> None:
+    """srun -l, Open MPI --tag-output, SkyPilot and kubectl --timestamps prefixes (real outputs in
+    tests/unit/test_nccltests_real.py); here the same real table behind made-up prefix combinations."""
+    real = (FIX / "nccl_tests_290_h100_1node_all_reduce.txt").read_text().splitlines()
+    for prefix in ("12: ", "[1,0]<stdout>: ", "\x1b[36m(head, rank=0, pid=1)\x1b[0m ", "2026-01-02T03:04:05.678Z "):
+        r = parse_text("\n".join(prefix + line for line in real) + "\n")
+        assert len(r.rows) == 6 and r.rank_count == 8 and r.avg_busbw == pytest.approx(439.369) and r.complete
+        assert r.rows[-1].oop_busbw == pytest.approx(473.60)
+
+
+def test_tasks_that_each_print_their_own_table_are_seen() -> None:
+    """A binary built without MPI under srun -l: every task prints a whole 1-rank test with its label."""
+    from lingjun_slurm.nccltests.verdict import failure_reasons
+
+    real = (FIX / "nccl_tests_290_h100_2node_srun_l_all_reduce.txt").read_text().splitlines()
+    mine = [line for line in real if "Rank " not in line or "Rank  0 " in line]
+    text = "\n".join(line for pair in zip(mine, [" 1:" + line[3:] for line in mine]) for line in pair)
+    r = parse_text(text)
+    assert r.prefix == "0: " and r.streams == 2 and r.rank_count == 1 and len(r.rows) == 11
+    assert any("2 tasks each printed their own nccl-tests header" in why for why in failure_reasons(r))
+    # Without labels the tasks' lines interleave in one stream: the repeated rank lines say it.
+    r = parse_text("\n".join(line[4:] for line in text.splitlines()))
+    assert r.streams == 1 and any("the rank lines repeat" in why for why in failure_reasons(r))
+
+
+def test_several_runs_in_one_text_and_old_error_columns() -> None:
+    one = (FIX / "superbench" / "nccl_reduce.log").read_text()
+    two = (FIX / "nccl_tests_369_gh200_wrong_elements.txt").read_text()
+    runs = parse_runs(one + "+ srun ... all_gather_perf -b 8\n" + two)
+    assert [len(r.rows) for r in runs] == [34, 25] and [r.test for r in runs] == [None, "all_reduce_perf"]
+    assert runs[0].columns == ("size", "count", "type", "redop", "root") and runs[0].rows[0].root == 0
+    # Before nccl-tests 2.13 the last column was the maximum deviation, not a count of wrong elements.
+    dgx = parse_text((FIX / "deepops_dgx_a100_4node_all_reduce.txt").read_text())
+    assert dgx.rows[0].oop_error == pytest.approx(7e-07) and dgx.rows[0].wrong is None
+    assert runs[1].rows[17].wrong == 128 and runs[1].out_of_bounds == 4 and runs[1].tracebacks == 2

@@ -13,9 +13,10 @@ from lingjun_slurm import network
 from lingjun_slurm.nccltests.chart import Series, Threshold, series_of, write_chart
 from lingjun_slurm.nccltests.parse import parse_text
 from lingjun_slurm.nccltests.report import build, format_plain, table, to_json
-from lingjun_slurm.nccltests.results import load_file, load_op, load_paths
+from lingjun_slurm.nccltests.results import OpOutput, load_file, load_op, load_paths
+from lingjun_slurm.nccltests.schema import validate
 from lingjun_slurm.nccltests.run import JobEnd
-from lingjun_slurm.nccltests.verdict import PASS, Shape, parse_expect, profile_references
+from lingjun_slurm.nccltests.verdict import FAIL, PASS, Shape, Verdict, parse_expect, profile_references
 from lingjun_slurm.transport import LocalTransport
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nccl"
@@ -55,25 +56,32 @@ def test_json_is_preferred_and_text_is_the_fallback(tmp_path: Path) -> None:
     assert out.path.endswith("all_reduce.json") and [r.size_bytes for r in out.result.rows] == [8, 16]
     (tmp_path / "all_reduce.json").write_text("{broken")  # a job killed while writing it
     out = load_op(t, str(tmp_path), "all_reduce")
-    assert out.path.endswith("all_reduce.txt") and len(out.result.rows) == 31 and "unreadable" in out.problem
+    assert out.path.endswith("all_reduce.txt") and len(out.result.rows) == 31 and out.problem is None
+    assert [n for n in out.notes if "all_reduce.json unreadable" in n]
+
+
+def verdict_of(out: OpOutput) -> Verdict:
+    return build([out], title="t", expected=None, references=[], profile=None).ops[0].verdict
 
 
 def test_missing_and_tableless_outputs_explain_themselves(tmp_path: Path) -> None:
     t = LocalTransport()
     out = load_op(t, str(tmp_path), "all_gather")
     assert out.result is None and "all_gather.txt is missing" in out.problem
+    assert verdict_of(out).status == FAIL and "all_gather.txt is missing" in verdict_of(out).reason
     (tmp_path / "all_gather.txt").write_text("srun: error: Invalid MPI type 'pmix'\n")
     out = load_op(t, str(tmp_path), "all_gather")
-    assert not out.result.rows and "it says: srun: error: Invalid MPI type 'pmix'" in out.problem
+    assert not out.result.rows and out.problem is None
+    assert verdict_of(out).reason == "no results table (nccl-tests did not run): srun: error: Invalid MPI type 'pmix'"
+    # The line that says why, not srun's follow-up nor nccl-tests' traceback.
     (tmp_path / "all_gather.txt").write_text("+ srun x\nn1: Test NCCL failure common.cu:1007 'unhandled system error'\n"
+                                            " .. n1 pid 77: Test failure common.cu:891\n"
                                             "srun: error: node1: task 0: Exited with exit code 3\n"
                                             "srun: launch/slurm: _step_signal: Terminating StepId=5.0\n")
-    assert "it says: n1: Test NCCL failure" in load_op(t, str(tmp_path), "all_gather").problem
+    assert verdict_of(load_op(t, str(tmp_path), "all_gather")).reason == \
+        "no results table (nccl-tests did not run): n1: Test NCCL failure common.cu:1007 'unhandled system error'"
     (tmp_path / "all_gather.txt").write_text("")
-    assert load_op(t, str(tmp_path), "all_gather").problem.endswith("(empty)")
-    (tmp_path / "all_gather.txt").write_text("srun: error: Invalid MPI type 'pmix'\n")
-    report = build([out], title="t", expected=None, references=[], profile=None)
-    assert not report.ok and "Invalid MPI type" in report.ops[0].verdict.reason
+    assert verdict_of(load_op(t, str(tmp_path), "all_gather")).reason.endswith(": the output is empty")
 
 
 def test_report_paths_accept_files_and_run_directories(tmp_path: Path) -> None:
@@ -85,9 +93,10 @@ def test_report_paths_accept_files_and_run_directories(tmp_path: Path) -> None:
     loose = tmp_path / "gke_tcpxo_all_gather.log"  # no test name inside: the op comes from the file name
     loose.write_text(ALL_GATHER)
     outs = load_paths(t, [str(run), str(loose), str(tmp_path / "nope.txt")])
-    assert [o.op for o in outs] == ["all_reduce", "all_gather", "all_gather", "nope"]
+    assert [o.op for o in outs] == ["all_reduce", "all_gather", "all_gather", "?"]
+    assert [o.op_from for o in outs[:3]] == ["command line", "run directory", "file name"]
     assert outs[-1].result is None and "cannot read" in outs[-1].problem
-    assert load_file(t, str(FIXTURES / "h100_a3mega_all_reduce.txt")).op == "all_reduce"
+    assert [o.op for o in load_file(t, str(FIXTURES / "h100_a3mega_all_reduce.txt"))] == ["all_reduce"]
 
 
 def test_table_rows_cover_every_size_of_every_op(tmp_path: Path) -> None:
@@ -111,18 +120,47 @@ def test_table_rows_cover_every_size_of_every_op(tmp_path: Path) -> None:
 
 
 def test_json_report_schema(tmp_path: Path) -> None:
-    out = load_file(LocalTransport(), str(FIXTURES / "h100_a3mega_all_reduce.txt"))
+    [out] = load_file(LocalTransport(), str(FIXTURES / "h100_a3mega_all_reduce.txt"))
     refs = profile_references(network.get_profile("azure-nd-h100-v5"))
     report = build([out], title="t", expected=None, references=refs, profile="azure-nd-h100-v5",
                    jobs=[JobEnd("7", "FAILED", 1, "NonZeroExitCode", "n[1-2]")])
     doc = json.loads(json.dumps(to_json(report)))
-    assert doc["schema"] == 1 and doc["ok"] is False  # the job failed, whatever the verdict
+    assert validate(doc) == []  # the schema shipped in the package (report.schema.json)
+    assert doc["schema"] == 2 and doc["ok"] is False  # the job failed, whatever the verdict
     op = doc["ops"][0]
-    assert op["op"] == "all_reduce" and op["ranks"] == 16 and len(op["rows"]) == 31
-    assert op["rows"][-1]["out_of_place"] == {"time_us": 47535.0, "algbw": 180.71, "busbw": 338.82, "wrong": 0}
-    assert op["verdict"]["status"] == "NONE" and "1 node x 8 GPUs" in op["verdict"]["reason"]
+    assert op["op"] == "all_reduce" and op["ranks"] == 16 and op["ranks_from"] == "rank lines" and len(op["rows"]) == 31
+    assert op["hosts"] == ["ztan-mig-235z", "ztan-mig-gq73"] and op["op_from"] == "command line"
+    assert op["rows"][-1] == {"size_bytes": 8589934592, "count": 2147483648, "type": "float", "redop": "sum", "root": -1,
+                              "time_out_us": 47535.0, "algbw_out": 180.71, "busbw_out": 338.82,
+                              "time_in_us": 47743.0, "algbw_in": 179.92, "busbw_in": 337.35, "wrong": 0,
+                              "max_error": None}
+    assert op["avg_busbw"] == 70.742 and op["complete"] is True and op["out_of_bounds"] == 0
+    assert op["verdict"] == "NONE" and "1 node x 8 GPUs" in op["reason"] and op["reference"] is None
     assert doc["jobs"] == [{"job_id": "7", "state": "FAILED", "exit_code": 1, "reason": "NonZeroExitCode",
                             "nodes": "n[1-2]"}]
+
+
+def test_the_schema_checker_catches_what_the_schema_forbids() -> None:
+    [out] = load_file(LocalTransport(), str(FIXTURES / "h100_a3mega_all_reduce.txt"))
+    good = to_json(build([out], title="t", expected=None, references=[], profile=None))
+    assert validate(good) == []
+    bad = json.loads(json.dumps(good))
+    bad["schema"] = 1
+    del bad["ops"][0]["complete"]
+    bad["ops"][0]["verdict"] = {"status": "NONE"}  # schema 1's nested verdict
+    bad["ops"][0]["rows"][0]["busbw_out"] = "0.00"
+    bad["ops"][0]["rows"][1]["wrong"] = -1
+    bad["ops"][0]["extra"] = True
+    assert validate(bad) == [
+        "$.schema: expected 2, got 1",
+        "$.ops[0]: missing required 'complete'",
+        "$.ops[0]: unexpected property 'extra'",
+        "$.ops[0].rows[0].busbw_out: expected number or null, got string '0.00'",
+        "$.ops[0].rows[1].wrong: -1 is below the minimum 0",
+        "$.ops[0].verdict: {'status': 'NONE'} is not one of ['PASS', 'FAIL', 'NONE']",
+    ]
+    with pytest.raises(ValueError, match="not supported"):
+        validate({}, {"type": "object", "pattern": "x"})
 
 
 def png_size(path: Path) -> tuple[int, int]:
@@ -164,7 +202,7 @@ def test_rich_output_has_the_same_content(capsys: pytest.CaptureFixture[str]) ->
     pytest.importorskip("rich")
     from lingjun_slurm.nccltests.report import print_rich
 
-    out = load_file(LocalTransport(), str(FIXTURES / "h100_a3mega_all_reduce.txt"))
+    [out] = load_file(LocalTransport(), str(FIXTURES / "h100_a3mega_all_reduce.txt"))
     report = build([out], title="rich run", expected=None, references=[parse_expect("all_reduce=400")],
                    profile=None, jobs=[JobEnd("3", "TIMEOUT", None, None, None)])
     print_rich(report)
@@ -180,10 +218,11 @@ def test_a_table_cut_short_fails_whatever_its_bandwidth(tmp_path: Path) -> None:
     cut = next(i for i, line in enumerate(lines) if line.strip().startswith("1073741824"))
     (tmp_path / "all_reduce.txt").write_text("\n".join(lines[:cut]) + "\n")
     out = load_op(LocalTransport(), str(tmp_path), "all_reduce")
-    assert out.incomplete and len(out.result.rows) == 27 and "stops after the 512 MiB row" in out.problem
+    assert out.incomplete and not out.complete and len(out.result.rows) == 27 and out.problem is None
     report = build([out], title="t", expected=None, references=[parse_expect("all_reduce=100")], profile=None)
     assert not report.ok and report.ops[0].verdict.status == "FAIL"
-    assert "without the 'Avg bus bandwidth' line" in report.ops[0].verdict.reason
+    assert report.ops[0].verdict.reason == ("incomplete: the output stops after the 512 MiB row without the 'Avg bus "
+                                            "bandwidth' line (the test was killed, failed or is still running)")
     assert sum("Avg bus bandwidth" in line for line in format_plain(report).splitlines()) == 1  # no repeated note
     (tmp_path / "all_reduce.txt").write_text(ALL_REDUCE)  # the whole output: as before
     assert not load_op(LocalTransport(), str(tmp_path), "all_reduce").incomplete

@@ -25,7 +25,8 @@ def row(size: int, oop: float, ip: float, wrong: int = 0) -> Row:
 
 def one_node(rows: list[Row], gpus: int = 8, host: str = "nd1") -> NcclTestResult:
     ranks = [RankInfo(rank=i, host=host, device=i, bus_id="", name="H100") for i in range(gpus)]
-    return NcclTestResult(test="all_reduce_perf", rows=rows, avg_busbw=None, out_of_bounds=0, ranks=ranks)
+    # ended: nccl-tests printed its closing "Avg bus bandwidth" line (a finished run)
+    return NcclTestResult(test="all_reduce_perf", rows=rows, avg_busbw=None, out_of_bounds=0, ranks=ranks, ended=True)
 
 
 H100 = profile_references(network.get_profile("azure-nd-h100-v5"))
@@ -94,7 +95,13 @@ def test_data_errors_and_missing_output_fail() -> None:
     v = judge("all_reduce", None, expected=None, references=H100, profile="x", problem="no all_reduce output: gone")
     assert v.status == FAIL and v.reason == "no all_reduce output: gone"
     empty = NcclTestResult(test=None)
-    assert judge("all_reduce", empty, expected=None, references=[], profile=None).status == FAIL
+    v = judge("all_reduce", empty, expected=None, references=[], profile=None)
+    assert v.status == FAIL and v.reason == "no results table (nccl-tests did not run): the output is empty"
+    # The same table without its closing average line: sizes were never measured, whatever the bandwidth.
+    cut = one_node([row(8 << 30, 500, 500), row(GIB16, 500, 500)])
+    cut.ended = False
+    v = judge("all_reduce", cut, expected=None, references=[parse_expect("all_reduce=100")], profile=None)
+    assert v.status == FAIL and v.reason.startswith("incomplete: the output stops after the 16 GiB row")
 
 
 def test_a_rank_count_that_is_not_the_task_count_fails() -> None:
@@ -146,7 +153,7 @@ def test_all_gather_sizes_rounded_to_the_rank_count_still_match_expect_at_size()
     rounded = (GIB16 // 4 // nranks) * nranks * 4
     assert rounded == 17179869120 and ((GIB16 // 4 // nranks) & -4) * nranks * 4 == 17179868928
     result = NcclTestResult(test="all_gather_perf", rows=[row((8 << 30) // 4 // nranks * nranks * 4, 90, 90),
-                                                          row(rounded, 120, 110)])
+                                                          row(rounded, 120, 110)], ended=True)
     ref = parse_expect("all_gather=100@16G")
     v = judge("all_gather", result, expected=None, references=[ref], profile=None)
     assert v.status == PASS and v.measured_gbps == pytest.approx(115.0)

@@ -21,8 +21,9 @@ def test_wheel_contains_templates_and_presets(tmp_path: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     templates = {p.relative_to(REPO).as_posix() for p in (REPO / "slurm_templates").rglob("*.j2")}
     assert templates and all(f"lingjun_slurm/{t}" in names for t in templates)
-    for data in ("models.yaml", "network_profiles.yaml", "megatron_flags.yaml"):
+    for data in ("models.yaml", "network_profiles.yaml", "megatron_flags.yaml", "nccl_unset.yaml"):
         assert f"lingjun_slurm/presets/{data}" in names
+    assert "lingjun_slurm/nccltests/report.schema.json" in names
     # The node health checks: the bash program (executable) and every thresholds file.
     program = zipfile.ZipFile(wheel).getinfo("lingjun_slurm/health/lingjun-health")
     assert program.external_attr >> 16 & 0o777 == 0o755
