@@ -97,7 +97,9 @@ class NetworkEnv:
     cleared: tuple[EnvVar, ...] = field(default_factory=tuple)
 
     def names(self) -> list[str]:
-        return [v.name for v in self.vars]
+        """Every variable the block exports (the cleared ones too): what --container-env lists, so
+        that neither the image's ENV nor its own /etc/nccl.conf puts a value back."""
+        return [v.name for v in self.vars] + [v.name for v in self.cleared]
 
 
 def _scope(entry: Mapping[str, object], profile: str) -> str:

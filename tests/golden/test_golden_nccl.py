@@ -32,7 +32,7 @@ CASES: dict[str, list[str]] = {
     # TCP, no GPUs, one op, a size range, NCCL overrides, shared nodes, an image with a mount.
     "nccl-test-tcp-all-gather": ["--profile", "tcp", "--nodes", "3", "--gpus-per-node", "0", "--ops", "all_gather",
                                  "--min-bytes", "1M", "--max-bytes", "1G", "--step-factor", "4", "--no-exclusive",
-                                 "--set", "NCCL_DEBUG=INFO", "--unset", "NCCL_NET", "--image",
+                                 "--set", "NCCL_DEBUG=INFO", "--unset", "NCCL_SOCKET_IFNAME", "--image",
                                  "/shared/images/nccl-tests.sqsh", "--mount", "/data:/data:ro", "--job-name", "nt"],
 }
 
