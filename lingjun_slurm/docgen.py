@@ -71,6 +71,7 @@ def spec_reference() -> str:
     out += _table("spec (top level)", Spec, schema, defs)
     for name in sorted(defs):
         out += _table(name, getattr(models, name), defs[name], defs)
+    out += _limits_section(schema, defs)
     out += ["## Model presets", "", "| preset | layers | hidden | heads | query groups | ffn | seq | description |",
             "|---|---|---|---|---|---|---|---|"]
     for name, p in model_presets().items():
@@ -78,6 +79,51 @@ def spec_reference() -> str:
                    f"{p.get('num_query_groups', p['num_attention_heads'])} | {p['ffn_hidden_size']} | "
                    f"{p['seq_length']} | {p['description']} |")
     return "\n".join(out) + "\n"
+
+
+def _limits_section(schema: dict[str, Any], defs: dict[str, Any]) -> list[str]:
+    """spec_reference's table of the pinned limits, from the models' own bounds and reasons."""
+    from .spec import checks, yamlpos
+
+    out = ["## Limits", "",
+           "Numbers are strict: `true` is not 1, `3.0` is not an integer, `\"300\"` is not a number, `\"yes\"` is not",
+           "a boolean, and NaN or an infinity (`.nan`, `.inf`, `1.0e+400`) is refused. Every bounded number:", "",
+           "| field | allowed | why the upper bound (blank: see the field's description) |", "|---|---|---|"]
+    for title, model_schema in [("", schema)] + [(name, defs[name]) for name in sorted(defs)]:
+        for field, prop in model_schema.get("properties", {}).items():
+            kinds = prop.get("anyOf", [prop])
+            bound = next((k for k in kinds if "maximum" in k or "minimum" in k or "exclusiveMinimum" in k), None)
+            if bound is None:
+                continue
+            low = (f"> {bound['exclusiveMinimum']}" if "exclusiveMinimum" in bound else
+                   f">= {bound['minimum']}" if "minimum" in bound else "")
+            high = f"<= {bound['maximum']}" if "maximum" in bound else ("< " + str(bound["exclusiveMaximum"])
+                                                                        if "exclusiveMaximum" in bound else "")
+            why = models.FIELD_LIMIT_REASONS.get(field) or models.LIMIT_REASONS.get(bound.get("maximum"), "")
+            out.append(f"| `{title + '.' if title else ''}{field}` | {', '.join(x for x in (low, high) if x)} | {why} |")
+    time_max = models.format_time(models.TIME_S_MAX)
+    out += ["",
+            f"- Time limits: at most `{time_max}` ({models.TIME_S_MAX} s): Slurm counts seconds in a C int",
+            "  (time_str2secs, src/common/parse_time.c) and silently wraps larger ones; `UNLIMITED`, `INFINITE`",
+            "  and `-1` are refused (the tool needs a finite limit), and so are unquoted base-60 numbers",
+            "  such as `1:30:00`, which YAML 1.1 reads as 5400.",
+            f"- `mem`: at most {models.MEM_MIB_MAX} MiB after the unit: sbatch counts MiB in a signed 64-bit",
+            "  integer (str_to_mbytes, src/common/proc_args.c).",
+            f"- Strings: at most {models.TEXT_BYTES_MAX} bytes of UTF-8 (half of Linux's MAX_ARG_STRLEN,",
+            f"  {models.ARG_STRLEN_MAX}); paths at most {models.PATH_BYTES_MAX} bytes with no name over "
+            f"{models.NAME_BYTES_MAX} (ENAMETOOLONG).",
+            f"- The file: at most {yamlpos.MAX_BYTES} bytes, a regular file, UTF-8, at most {yamlpos.MAX_NODES} "
+            f"values after aliases and merge keys, nested at most {yamlpos.MAX_DEPTH} levels, keys at most "
+            f"{yamlpos.MAX_KEY_CHARS} characters.",
+            "",
+            "Variables no `env`, `cluster.network.overrides` or `container.env_passthrough` may set, because the",
+            "stages need them as the cluster or the image sets them (besides `SLURM_*`, `LINGJUN_*`, `PYXIS_*`,",
+            "`ENROOT_*`, the torch.distributed ones and, for `env`, `NCCL_*`):", "",
+            "| variable | why |", "|---|---|"]
+    out += [f"| `{name}` | {why} |" for name, why in checks.STAGE_NEEDS.items()]
+    out += [f"| `{prefix}*` | srun reads them as its options (src/srun/opt.c), which the tool sets |"
+            for prefix in checks.STAGE_NEEDS_PREFIXES]
+    return out + [""]
 
 
 def _unset_section() -> list[str]:

@@ -14,11 +14,52 @@ from .. import network
 from ..errors import Issue, UsageError
 from ..megatron import versions
 from ..presets import model_presets
-from .models import BUILTIN_STAGES, Spec
-from .resolve import builtin_resources, resolve_model
+from .models import BUILTIN_STAGES, NAME_BYTES_MAX, PATH_BYTES_MAX, Spec, path_fits
+from .resolve import builtin_resources, output_prefix, resolve_model
 
 RESERVED_ENV = {"MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"}
 RESERVED_ENV_PREFIXES = ("SLURM_", "LINGJUN_", "PYXIS_", "ENROOT_")
+# Variables the stages need as the cluster or the image sets them. A spec's env, a network
+# override and container.env_passthrough all *replace* them: the batch script exports the spec's
+# value, and the job's variables are listed in --container-env, which pyxis sets over the image's
+# own (pyxis_slurmstepd.c spank_import_container_env; tests/env.bats "--container-env overriding
+# container variable", NVIDIA/pyxis 0.24.0).
+STAGE_NEEDS = {
+    "PATH": "the batch script runs srun, scontrol, squeue and python3 by name, and inside a container the "
+            "image's PATH finds its python3",
+    "LD_LIBRARY_PATH": "the image's value finds CUDA, NCCL and the RDMA libraries (nvidia/cuda images: "
+                       "/usr/local/nvidia/lib:/usr/local/nvidia/lib64)",
+    "PYTHONPATH": "the task wrapper puts the shipped lingjun_slurm in front of the image's own PYTHONPATH "
+                  "(e.g. a Megatron-LM checkout); ship more code with run.ship_wheels",
+    "PYTHONHOME": "python3 would look for its standard library there",
+    "HOME": "pyxis mounts and resolves the user's home from it, and the image stage reads the enroot "
+            "credentials under $HOME/.config/enroot",
+    "BASH_ENV": "every `bash -c` of the stages (the task wrapper, command stages) would source that file first",
+    "SHELLOPTS": "a read-only bash variable: exporting it ends the batch script (set -e)",
+    "BASHOPTS": "a read-only bash variable: exporting it ends the batch script (set -e)",
+    "CUDA_VISIBLE_DEVICES": "Slurm sets it for the GPUs it allocated; training runs one task per GPU on "
+                            "cuda:LOCAL_RANK and needs all of them",
+    "NVIDIA_VISIBLE_DEVICES": "enroot's nvidia hook decides from it which GPUs the container gets "
+                              "(conf/hooks/98-nvidia.sh); training needs every allocated GPU",
+    "MELLANOX_VISIBLE_DEVICES": "enroot's mellanox hook decides from it which InfiniBand devices the container "
+                                "gets (conf/hooks/99-mellanox.sh); NCCL needs them",
+}
+# srun reads SRUN_* as its own options (src/srun/opt.c env_vars: SRUN_EXPORT_ENV overrides
+# --export, SRUN_OUTPUT/SRUN_ERROR redirect the tasks' output, SRUN_CONTAINER...): the tool sets
+# srun's options itself.
+STAGE_NEEDS_PREFIXES = ("SRUN_",)
+# (A NAME=VALUE string stays under MAX_ARG_STRLEN: values are at most TEXT_BYTES_MAX bytes and
+# keys at most yamlpos.MAX_KEY_CHARS characters.)
+INT64_MAX = 2**63 - 1
+
+
+def stage_need(name: str) -> str | None:
+    """Why a stage needs this variable as the cluster or image sets it (None: a spec may set it)."""
+    if name in STAGE_NEEDS:
+        return STAGE_NEEDS[name]
+    if name.startswith(STAGE_NEEDS_PREFIXES):
+        return "srun reads SRUN_* variables as its options (src/srun/opt.c), which the tool sets itself"
+    return None
 
 # sbatch options a spec may add. Everything the tool itself controls (job name, output,
 # dependency, array, resources, requeue, signal, export...) is deliberately absent.
@@ -64,6 +105,9 @@ def check_network(spec: Spec) -> list[Issue]:
     for name, value in net.overrides.items():
         if name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES):
             issues.append(Issue(loc + ("overrides", name), f"{name} is set by the tool, not by the network profile"))
+        elif stage_need(name):
+            issues.append(Issue(loc + ("overrides", name), f"an override would replace {name}, which the stages "
+                                                           f"need as it is: {stage_need(name)}"))
         elif value is None and (chosen or by_type):
             refusal = network.unset_refusal(chosen or by_type, name)
             if refusal:
@@ -208,6 +252,18 @@ def check_model(spec: Spec) -> list[Issue]:
 def check_training(spec: Spec) -> list[Issue]:
     tr, loc = spec.training, ("training",)
     issues: list[Issue] = []
+    if tr.entrypoint == "megatron-lm" and tr.seed == 0 and not spec.stages.train.skip:
+        issues.append(Issue(loc + ("seed",), "Megatron-LM refuses seed 0 (\"Seed (0) should be a positive "
+                                             "integer\", _set_random_seed in megatron/training/initialize.py)"))
+    # Megatron-LM asks its dataset builder for these sample counts (training.py core_v0.16.1:3295-3309;
+    # train/data.py sample_counts the same), which numpy indexes as int64.
+    gbs = spec.parallelism.global_batch
+    evals = (tr.iterations // tr.eval_interval + 1) * tr.eval_iters
+    if not spec.stages.train.skip and max(tr.iterations, evals) * gbs > INT64_MAX:
+        field = "eval_iters" if evals > tr.iterations else "iterations"
+        issues.append(Issue(loc + (field,), f"{field} asks for more samples than a 64-bit integer holds: "
+                                            f"(iterations // eval_interval + 1) x eval_iters x global_batch = "
+                                            f"{evals * gbs}, the dataset index Megatron builds counts them in int64"))
     if tr.min_lr > tr.lr:
         issues.append(Issue(loc + ("min_lr",), f"min_lr ({tr.min_lr}) must not exceed lr ({tr.lr})"))
     if tr.lr_warmup_iters >= tr.iterations:
@@ -284,6 +340,20 @@ def check_data(spec: Spec) -> list[Issue]:
     elif not st.train.skip and data.prefix is None:
         issues.append(Issue(loc + ("prefix",), "preprocess is skipped: give the existing dataset prefix "
                                                "(e.g. /data/corpus_text_document) that training reads"))
+    if not st.train.skip and float(data.split.split(",")[0]) == 0:
+        issues.append(Issue(loc + ("split",), f"split {data.split!r} gives training no documents: the first "
+                                              "weight is the train split"))
+    if not st.preprocess.skip:
+        base = output_prefix(spec)
+        for key in data.json_keys:
+            out = f"{base}_{key}_document.bin"  # and .idx: what merge writes (stages/merge.py)
+            leaf = out.rsplit("/", 1)[-1]
+            field = "output_prefix" if data.output_prefix else "json_keys"
+            if len(leaf.encode()) > NAME_BYTES_MAX or len(out.encode()) > PATH_BYTES_MAX:
+                issues.append(Issue(loc + (field,), f"the output file {leaf[:40]!r}... would be longer than Linux "
+                                                    f"allows ({NAME_BYTES_MAX} bytes a name, {PATH_BYTES_MAX} a "
+                                                    "path: ENAMETOOLONG)"))
+                break
     tok = data.tokenizer
     if tok is not None:
         tloc = loc + ("tokenizer",)
@@ -308,7 +378,19 @@ def check_data(spec: Spec) -> list[Issue]:
 
 
 def check_container(spec: Spec) -> list[Issue]:
-    issues = container_mod.lint(spec.container)
+    # SRC:DST strings get the path limits of {src, dst} (models.path_fits), with that message
+    # instead of the Mount validation error container.parse_mount would pass on.
+    too_long: list[Issue] = []
+    for i, raw in enumerate(spec.container.mounts):
+        if isinstance(raw, str):
+            for path in raw.split(":")[:2]:
+                try:
+                    path_fits(path)
+                except ValueError as exc:
+                    too_long.append(Issue(("container", "mounts", i), str(exc)))
+                    break
+    taken = {issue.loc for issue in too_long}
+    issues = too_long + [issue for issue in container_mod.lint(spec.container) if issue.loc not in taken]
     if spec.container.runtime == "pyxis" and not issues:
         problem = container_mod.workdir_mount_problem(spec.container, spec.run.workdir)
         if problem:
@@ -335,12 +417,28 @@ def check_image_stage(spec: Spec) -> list[Issue]:
 
 def check_env(spec: Spec) -> list[Issue]:
     issues: list[Issue] = []
+    train_sets: dict[str, str] = {}
+    if not spec.stages.train.skip:
+        from ..plan import training_env  # plan imports this package: import at call time
+
+        train_sets = {v.name: v.reason for v in training_env(spec, builtin_resources(spec, "train"))}
     for name in spec.env:
         if name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES):
             issues.append(Issue(("env", name), f"{name} is set by Slurm or by the tool for each task"))
         elif name.startswith("NCCL_"):
             issues.append(Issue(("env", name), "NCCL variables belong in cluster.network.overrides, "
                                                "so that one block sets them"))
+        elif stage_need(name):
+            issues.append(Issue(("env", name), f"env would replace {name}, which the stages need as it is: "
+                                               f"{stage_need(name)}"))
+        elif name in train_sets:
+            issues.append(Issue(("env", name), f"the train stage sets {name} itself after env ({train_sets[name]}), "
+                                               "so this value would be lost there"))
+    for i, name in enumerate(spec.container.env_passthrough):
+        if stage_need(name):
+            issues.append(Issue(("container", "env_passthrough", i),
+                                f"passing {name} through would put the host's value over the image's, which the "
+                                f"stages need: {stage_need(name)}"))
     return issues
 
 

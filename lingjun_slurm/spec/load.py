@@ -7,7 +7,9 @@ are reported at once as one SpecError (exit code 2 at the CLI).
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,11 @@ from ..errors import Issue, Loc, SpecError
 from . import models
 from .checks import check
 from .models import Spec
-from .yamlpos import YamlDocument, YamlParseError, load_yaml
+from .yamlpos import MAX_BYTES, YamlDocument, YamlParseError, field_at_line, load_yaml
+
+# More problems than this are summed up in one last line: a spec of 20000 bad values would
+# otherwise print 20000 lines.
+MAX_ISSUES = 50
 
 _PATTERN_HELP = {
     models.NAME_RE: "letters, digits, '.', '_' and '-' (starting with a letter or digit, at most 63)",
@@ -100,14 +106,24 @@ def _message(err: dict[str, Any], loc: Loc) -> str:
         return "required field is missing"
     if kind == "string_pattern_mismatch":
         pattern = err.get("ctx", {}).get("pattern", "")
-        return f"expected {_PATTERN_HELP.get(pattern, 'a value matching ' + pattern)}; got {err['input']!r}"
+        return f"expected {_PATTERN_HELP.get(pattern, 'a value matching ' + pattern)}; got {_shown(err['input'])}"
     msg = err["msg"]
+    if kind == "less_than_equal":
+        reason = models.FIELD_LIMIT_REASONS.get(str(loc[-1]) if loc else "") or \
+            models.LIMIT_REASONS.get(err.get("ctx", {}).get("le"))
+        msg += f" ({reason})" if reason else ""
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
     if "input" in err and kind.endswith(("_type", "_parsing")) and kind not in ("model_type", "dict_type"):
-        shown = repr(err["input"])
-        msg += f" (got {shown[:80] + '...' if len(shown) > 80 else shown})"
+        msg += f" (got {_shown(err['input'])})"
+    elif kind == "finite_number":
+        msg += f" (got {_shown(err['input'])}: NaN and infinities such as .nan, .inf or 1.0e+400 cannot be used)"
     return msg
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text[:limit] + "..." if len(text) > limit else text
 
 
 def issues_from_validation(exc: ValidationError, doc: YamlDocument) -> list[Issue]:
@@ -134,6 +150,8 @@ def parse_spec(text: str, source: str) -> LoadedSpec:
         spec = Spec.model_validate(doc.data)
     except ValidationError as exc:
         raise SpecError(source, _sorted(issues_from_validation(exc, doc))) from None
+    except RecursionError:  # yamlpos's depth limit keeps far from it; never a traceback
+        raise SpecError(source, [Issue((), "nested too deeply")]) from None
     issues = [Issue(i.loc, i.message, doc.line_of(i.loc)) for i in check(spec)]
     if issues:
         raise SpecError(source, _sorted(issues))
@@ -141,17 +159,68 @@ def parse_spec(text: str, source: str) -> LoadedSpec:
 
 
 def _sorted(issues: list[Issue]) -> list[Issue]:
-    return sorted(issues, key=lambda i: (i.line or 0, str(i.loc)))
+    ordered = sorted(issues, key=lambda i: (i.line or 0, str(i.loc)))
+    if len(ordered) > MAX_ISSUES:
+        rest = len(ordered) - MAX_ISSUES
+        ordered = ordered[:MAX_ISSUES] + [Issue((), f"{rest} more problem{'s' if rest != 1 else ''} not shown")]
+    return ordered
+
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
 
 def read_spec_text(path: str | Path) -> str:
-    """A spec file's text (SpecError naming the file if it cannot be read)."""
+    """A spec file's text (SpecError naming the file if it cannot be read).
+
+    Only a regular file of at most MAX_BYTES is read: its size is checked before reading (a
+    50 MB file is refused at once), a FIFO is opened without blocking (O_NONBLOCK) and refused,
+    and so are directories and devices such as /dev/zero, which would never end. Bytes that are
+    not UTF-8 name their line and the field on it.
+    """
+    name = str(path)
+
+    def fail(message: str, line: int | None = None, loc: tuple[str | int, ...] = ()) -> SpecError:
+        return SpecError(name, [Issue(loc, message, line)])
+
     try:
-        return Path(path).read_text(encoding="utf-8")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
-        raise SpecError(str(path), [Issue((), "no such file")]) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(str(path), [Issue((), f"cannot read the spec: {exc}")]) from None
+        raise fail("no such file") from None
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise fail(f"cannot read the spec: {reason}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            kind = next((what for test, what in _KINDS if test(info.st_mode)), "not a regular file")
+            raise fail(f"is {kind}, not a spec file: give the path of the spec's YAML file")
+        if info.st_size > MAX_BYTES:
+            raise fail(f"the file is {info.st_size} bytes; a spec may be at most {MAX_BYTES} (1 MiB): "
+                       "real specs are a few KB")
+        chunks: list[bytes] = []
+        size = 0
+        while size <= MAX_BYTES:  # st_size can be 0 (/proc) or stale: never read past the limit
+            chunk = os.read(fd, MAX_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        raise fail(f"cannot read the spec: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > MAX_BYTES:
+        raise fail(f"more than {MAX_BYTES} bytes (1 MiB): a spec is a few KB")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        loc = field_at_line(data.decode("utf-8", "replace"), line)
+        raise fail(f"not UTF-8: byte 0x{data[exc.start]:02x} at column {column} ({exc.reason}); save the spec "
+                   "as UTF-8", line, loc) from None
 
 
 def load_spec(path: str | Path) -> LoadedSpec:

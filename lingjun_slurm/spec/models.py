@@ -3,18 +3,155 @@
 Every string that reaches a shell is quoted at render time. A few values cannot be
 quoted because Slurm or pyxis parse them themselves (#SBATCH lines, the pyxis mount
 list); those fields are restricted here by a pattern, and the error says why.
+
+Spec models are strict (SpecModel): YAML's `true` is not the integer 1, `3.0` is not an
+integer, "yes" is not a boolean, and no number may be NaN or infinite (`.inf`, `1e400`).
+Every number and string has a pinned limit, each with its reason beside it; docs/submitting.md
+("What validation refuses") and docs/spec-reference.md list them.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Optional, Union
+import math
+from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
-from ..timefmt import TIME_HELP, parse_time
+from ..timefmt import TIME_HELP, format_time, parse_time
 
 SPEC_VERSION = 1
 BUILTIN_STAGES = ("preprocess", "merge", "train", "checkpoint")
+
+# ---- pinned limits -------------------------------------------------------------------------
+# Iteration counts and intervals. The train script compares the checkpoint's iteration with
+# `[ "$last" -lt ITERATIONS ]` (slurm_templates/train.sbatch.j2), and bash's test takes 64-bit
+# integers only (2**63 gives "integer expression expected"); Megatron-LM counts samples as
+# iterations x global_batch (training.py core_v0.16.1:3295-3309), and 10**12 x BATCH_MAX stays
+# within int64. At one iteration a second, 10**12 is 30000 years.
+COUNT_MAX = 10**12
+# micro_batch and global_batch, in sequences: far above any published run, and small enough that
+# COUNT_MAX x BATCH_MAX = 10**18 < 2**63.
+BATCH_MAX = 10**6
+# Model dimensions: cuBLAS's GEMMs take int m, n, k (cublasGemmEx), and token ids are int32 in
+# Megatron's .bin files (indexed_dataset.py core_v0.16.1:107-118, DType.optimal_dtype).
+DIM_MAX = 2**31 - 1
+# Megatron seeds numpy with seed + 100 x pipeline rank (initialize.py core_v0.16.1:405-427), and
+# np.random.seed takes 0 .. 2**32 - 1: 2**31 - 1 leaves room for any pipeline rank.
+SEED_MAX = 2**31 - 1
+# tensor x pipeline x context must divide the world size: at most nodes x tasks_per_node.
+NODES_MAX = 100_000
+TASKS_MAX = 1024
+WORLD_MAX = NODES_MAX * TASKS_MAX
+# Linux refuses an argument or environment string over MAX_ARG_STRLEN (32 pages = 131072 bytes
+# with its NUL, execve(2)); every free string of a spec becomes one (an argv word, an exported
+# variable, an #SBATCH value Slurm exports as SLURM_JOB_*). Half of it leaves room for the
+# option or variable name in front of it.
+ARG_STRLEN_MAX = 131072
+TEXT_BYTES_MAX = ARG_STRLEN_MAX // 2
+# PATH_MAX (4096 with its NUL) and NAME_MAX (255): longer paths fail with ENAMETOOLONG.
+PATH_BYTES_MAX = 4095
+NAME_BYTES_MAX = 255
+# Slurm reads a time limit in seconds into a C int and rounds it up to minutes with
+# (secs + 59) / 60 (time_str2secs/time_str2mins, src/common/parse_time.c): anything above
+# INT_MAX - 59 seconds overflows, e.g. "99999-00:00:00" would silently become about 578 days.
+TIME_S_MAX = 2**31 - 1 - 59
+# sbatch reads --mem into a signed long long count of MiB and multiplies G by 1024 and T by
+# 1024**2 in it (str_to_mbytes, src/common/proc_args.c).
+MEM_MIB_MAX = 2**63 - 1
+
+# Why each upper bound is what it is, for the error message (by the bound's value).
+LIMIT_REASONS = {
+    COUNT_MAX: "the train script compares iterations in bash, whose test takes 64-bit integers, and Megatron "
+               "counts iterations x global_batch samples in int64",
+    BATCH_MAX: "with iterations up to 10**12 it keeps iterations x global_batch within int64",
+    DIM_MAX: "cuBLAS takes int dimensions and token ids are int32 in Megatron's .bin files",
+    WORLD_MAX: "it must divide the world size, at most nodes x tasks_per_node",
+    NODES_MAX: "no Slurm cluster is larger",
+}
+_AN_ITERATION_COUNT = "an iteration count, bounded as iterations is"
+FIELD_LIMIT_REASONS = {
+    "seed": "numpy takes seeds below 2**32, and Megatron adds 100 x the pipeline rank to this one",
+    "lr_warmup_iters": _AN_ITERATION_COUNT,
+    "lr_decay_iters": _AN_ITERATION_COUNT,
+    "log_interval": _AN_ITERATION_COUNT,
+    "eval_interval": _AN_ITERATION_COUNT,
+    "save_interval": _AN_ITERATION_COUNT,
+    "eval_iters": _AN_ITERATION_COUNT + "; Megatron's validation samples, (iterations // eval_interval + 1) x "
+                  "eval_iters x global_batch, must also fit in int64 (checked with the others)",
+    "keep_last": "more than the number of saves keeps all of them; bounded as iterations is",
+    "num_layers": "a C int, as the other model dimensions",
+    "rotary_base": "a C int, as the other model dimensions",
+    "vocab_size": "token ids are int32 in Megatron's .bin files (indexed_dataset.py DType.optimal_dtype)",
+}
+
+
+def _nbytes(value: str) -> int:
+    return len(value.encode("utf-8", "surrogatepass"))
+
+
+def _text_fits(value: str) -> str:
+    n = _nbytes(value)
+    if n > TEXT_BYTES_MAX:
+        raise ValueError(f"{n} bytes is too long: at most {TEXT_BYTES_MAX} (each string becomes one argument or "
+                         f"environment string of a program, and Linux refuses any over {ARG_STRLEN_MAX} bytes: "
+                         "MAX_ARG_STRLEN, execve(2))")
+    return value
+
+
+def path_fits(value: str) -> str:
+    n = _nbytes(value)
+    if n > PATH_BYTES_MAX:
+        raise ValueError(f"a path of {n} bytes cannot be opened: Linux allows {PATH_BYTES_MAX} "
+                         "(PATH_MAX 4096 with its NUL; longer ones fail with ENAMETOOLONG)")
+    for part in value.split("/"):
+        if _nbytes(part) > NAME_BYTES_MAX and not any(ch in part for ch in "*?["):
+            shown = part[:40] + "..."
+            raise ValueError(f"the path component {shown!r} is {_nbytes(part)} bytes: Linux allows "
+                             f"{NAME_BYTES_MAX} per file name (NAME_MAX; longer ones fail with ENAMETOOLONG)")
+    return value
+
+
+def _mem_fits(value: str) -> str:
+    unit = value[-1] if value[-1] in "KMGT" else "M"
+    digits = value[:-1] if value[-1] in "KMGT" else value
+    too_big = ValueError(f"{value[:40]!r} is more than Slurm can hold: sbatch reads --mem as a signed 64-bit "
+                         "count of MiB (str_to_mbytes, src/common/proc_args.c)")
+    if len(digits.lstrip("0")) > 19:
+        raise too_big
+    n = int(digits)
+    mib = {"K": n + 1023, "M": n, "G": n * 1024, "T": n * 1024 * 1024}[unit]  # K: Slurm's ROUNDUP(n, 1024)
+    if n > MEM_MIB_MAX or mib > MEM_MIB_MAX:
+        raise too_big
+    return value
+
+
+def check_time(value: Any) -> int:
+    """Seconds of a spec time limit, or ValueError: what sbatch would reject, Slurm's unlimited
+    spellings (the tool needs a finite limit), and limits Slurm's int arithmetic cannot hold."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        shown = repr(value)
+        raise ValueError(f"expected {TIME_HELP}, got {shown[:60] + '...' if len(shown) > 60 else shown}")
+    if isinstance(value, str):
+        text = value.strip()
+        if text.upper() in ("INFINITE", "UNLIMITED") or text == "-1":
+            raise ValueError(f"{value!r} is Slurm's unlimited (time_str2secs, src/common/parse_time.c); the tool "
+                             "needs a finite limit (the train stage saves before it): give one, or leave time out "
+                             "for the partition's default")
+        if not text.isascii() or len(text) > 40:
+            shown = repr(value)
+            shown = shown[:60] + "..." if len(shown) > 60 else shown
+            raise ValueError(f"expected {TIME_HELP} in ASCII digits, got {shown}")
+    elif value > 10**12:
+        raise ValueError(f"time limit {value} minutes is more than Slurm can hold: at most "
+                         f"{format_time(TIME_S_MAX)} (Slurm counts seconds in a C int: time_str2secs, "
+                         "src/common/parse_time.c)")
+    seconds = parse_time(value)
+    if seconds > TIME_S_MAX:
+        raise ValueError(f"time limit {value!r} ({seconds} s) is more than Slurm can hold: at most "
+                         f"{format_time(TIME_S_MAX)} ({TIME_S_MAX} s; Slurm counts seconds in a C int, "
+                         "time_str2secs in src/common/parse_time.c, and would silently wrap a larger one)")
+    return seconds
+
 
 # Values that end up on #SBATCH lines or in Slurm's own parsing: no quoting possible there.
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
@@ -27,22 +164,30 @@ ENV_NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
 CPU_BIND_RE = (r"^(profile|(verbose,)?(none|no|cores|sockets|ldoms|threads|rank|rank_ldom|"
                r"(map_cpu|mask_cpu|map_ldom|mask_ldom):(0x)?[0-9a-fA-F]+(,(0x)?[0-9a-fA-F]+)*))$")
 
+Bounded = Annotated[str, AfterValidator(_text_fits)]
 Name = Annotated[str, StringConstraints(pattern=NAME_RE)]
-SlurmWord = Annotated[str, StringConstraints(pattern=SLURM_WORD_RE)]
-SafePath = Annotated[str, StringConstraints(pattern=SAFE_PATH_RE)]
-EnvName = Annotated[str, StringConstraints(pattern=ENV_NAME_RE)]
+SlurmWord = Annotated[str, StringConstraints(pattern=SLURM_WORD_RE), AfterValidator(_text_fits)]
+SafePath = Annotated[str, StringConstraints(pattern=SAFE_PATH_RE), AfterValidator(path_fits)]
+EnvName = Annotated[str, StringConstraints(pattern=ENV_NAME_RE), AfterValidator(_text_fits)]
 # Free text is quoted wherever it is used, but a NUL byte cannot be passed to any program.
-Text = Annotated[str, StringConstraints(min_length=1, pattern=r"^[^\x00]*$")]
-AbsPath = Annotated[str, StringConstraints(min_length=2, pattern=r"^/[^\x00]*$")]
+Text = Annotated[str, StringConstraints(min_length=1, pattern=r"^[^\x00]*$"), AfterValidator(_text_fits)]
+AbsPath = Annotated[str, StringConstraints(min_length=2, pattern=r"^/[^\x00]*$"), AfterValidator(path_fits)]
 TimeLimit = Union[str, int]
-Memory = Annotated[str, StringConstraints(pattern=r"^[0-9]+[KMGT]?$")]
+Memory = Annotated[str, StringConstraints(pattern=r"^[0-9]+[KMGT]?$"), AfterValidator(_mem_fits)]
 
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
-class RunSpec(Strict):
+class SpecModel(Strict):
+    """A spec section: no type coercion (strict) and finite numbers only. (clusters.py's models
+    share Strict, not this.)"""
+
+    model_config = ConfigDict(strict=True, allow_inf_nan=False)
+
+
+class RunSpec(SpecModel):
     name: Name = Field(description="Run name; job names become <run-id>-<stage>. Letters, digits, '.', '_', '-'.")
     workdir: SafePath = Field(
         description="Run directory on storage shared by all nodes (absolute). Plans, scripts and records live here."
@@ -61,13 +206,13 @@ class RunSpec(Strict):
     )
 
 
-class Resources(Strict):
+class Resources(SpecModel):
     """Slurm resources of one stage. Unset fields fall back to cluster.defaults."""
 
     partition: Optional[SlurmWord] = Field(default=None, description="Slurm partition (--partition).")
-    nodes: Optional[int] = Field(default=None, ge=1, le=100000, description="Number of nodes (--nodes).")
+    nodes: Optional[int] = Field(default=None, ge=1, le=NODES_MAX, description="Number of nodes (--nodes).")
     tasks_per_node: Optional[int] = Field(
-        default=None, ge=1, le=1024, description="Tasks per node (--ntasks-per-node). Train: one per GPU."
+        default=None, ge=1, le=TASKS_MAX, description="Tasks per node (--ntasks-per-node). Train: one per GPU."
     )
     gpus_per_node: Optional[int] = Field(default=None, ge=0, le=64, description="GPUs per node (--gpus-per-node); 0 for none.")
     cpus_per_task: Optional[int] = Field(default=None, ge=1, le=4096, description="CPUs per task (--cpus-per-task).")
@@ -79,11 +224,11 @@ class Resources(Strict):
     @classmethod
     def _time_parses(cls, value: TimeLimit | None) -> TimeLimit | None:
         if value is not None:  # before coercion: YAML's true must not become 1 minute
-            parse_time(value)
+            check_time(value)
         return value
 
 
-class NetworkSpec(Strict):
+class NetworkSpec(SpecModel):
     profile: Optional[Name] = Field(
         default=None, description="Network profile name (see `lingjun-slurm nccl-env --list`)."
     )
@@ -95,26 +240,26 @@ class NetworkSpec(Strict):
     )
 
 
-class ClusterSpec(Strict):
+class ClusterSpec(SpecModel):
     network: NetworkSpec = Field(default_factory=NetworkSpec, description="NCCL / RDMA network profile.")
     account: Optional[SlurmWord] = Field(default=None, description="Slurm account (--account).")
     qos: Optional[SlurmWord] = Field(default=None, description="Quality of service (--qos).")
     reservation: Optional[SlurmWord] = Field(default=None, description="Reservation (--reservation).")
-    constraint: Optional[Annotated[str, StringConstraints(pattern=CONSTRAINT_RE)]] = Field(
+    constraint: Optional[Annotated[str, StringConstraints(pattern=CONSTRAINT_RE), AfterValidator(_text_fits)]] = Field(
         default=None, description="Node features (--constraint), e.g. 'a100&ib'."
     )
     exclusive: bool = Field(default=False, description="Ask for whole nodes for every stage (--exclusive).")
-    sbatch_extra: dict[str, Union[str, int, bool]] = Field(
+    sbatch_extra: dict[Bounded, Union[Bounded, int, bool]] = Field(
         default_factory=dict,
         description="Extra sbatch options from an allow-list (mail-type, mail-user, comment, exclude, ...).",
     )
     defaults: Resources = Field(default_factory=Resources, description="Resources every stage starts from.")
-    stages: dict[str, Resources] = Field(
+    stages: dict[Bounded, Resources] = Field(
         default_factory=dict, description="Per-stage resources for preprocess, merge, train, checkpoint."
     )
 
 
-class Mount(Strict):
+class Mount(SpecModel):
     src: SafePath = Field(description="Host path (absolute).")
     dst: SafePath = Field(description="Path inside the container (absolute).")
     flags: list[Literal["ro", "rw", "nosuid", "nodev", "noexec", "rbind", "bind", "private", "rprivate", "slave",
@@ -123,7 +268,7 @@ class Mount(Strict):
     )
 
 
-class ContainerSpec(Strict):
+class ContainerSpec(SpecModel):
     runtime: Literal["pyxis", "none"] = Field(
         default="pyxis", description="'pyxis' runs stages in an enroot container; 'none' runs on the host."
     )
@@ -131,7 +276,7 @@ class ContainerSpec(Strict):
         default=None,
         description="Image: [USER@][REGISTRY#]IMAGE[:TAG] (note the '#') or a .sqsh path starting with / or ./.",
     )
-    mounts: list[Union[str, Mount]] = Field(
+    mounts: list[Union[Bounded, Mount]] = Field(
         default_factory=list, description="Bind mounts as SRC:DST[:FLAGS] strings or {src, dst, flags}."
     )
     workdir: Optional[SafePath] = Field(default=None, description="Working directory inside the container.")
@@ -161,7 +306,7 @@ class ContainerSpec(Strict):
     )
 
 
-class Tokenizer(Strict):
+class Tokenizer(SpecModel):
     type: Literal["huggingface", "gpt2-bpe", "sentencepiece", "null"] = Field(
         description="Tokenizer kind; no downloads happen at run time."
     )
@@ -170,7 +315,7 @@ class Tokenizer(Strict):
     )
     vocab_file: Optional[AbsPath] = Field(default=None, description="gpt2-bpe: vocab.json.")
     merge_file: Optional[AbsPath] = Field(default=None, description="gpt2-bpe: merges.txt.")
-    vocab_size: Optional[int] = Field(default=None, ge=2, description="null: vocabulary size.")
+    vocab_size: Optional[int] = Field(default=None, ge=2, le=DIM_MAX, description="null: vocabulary size.")
     add_special_tokens: Optional[bool] = Field(
         default=None,
         description="huggingface: put the post-processor's special tokens (e.g. BOS) into the ids, as Megatron-LM's "
@@ -178,16 +323,16 @@ class Tokenizer(Strict):
     )
 
 
-class DataSpec(Strict):
+class DataSpec(SpecModel):
     tool: Literal["builtin", "megatron-lm"] = Field(
         default="builtin",
         description="builtin: lingjun_slurm's streaming preprocessor; megatron-lm: the image's preprocess_data.py.",
     )
     inputs: list[AbsPath] = Field(default_factory=list, description="jsonl files or globs (absolute).")
-    json_keys: list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]+$")]] = Field(
+    json_keys: list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]+$", max_length=NAME_BYTES_MAX)]] = Field(
         default_factory=lambda: ["text"], description="JSON keys to tokenize; one output dataset per key."
     )
-    train_key: Optional[str] = Field(default=None, description="Which json key trains the model (default: the first).")
+    train_key: Optional[Bounded] = Field(default=None, description="Which json key trains the model (default: the first).")
     tokenizer: Optional[Tokenizer] = Field(default=None, description="Tokenizer used by preprocessing and training.")
     append_eod: bool = Field(default=True, description="Append an end-of-document token to every document.")
     shards: int = Field(default=1, ge=1, le=10000, description="Preprocess array size (one task per shard).")
@@ -202,73 +347,86 @@ class DataSpec(Strict):
         default="969,30,1", description="Train/valid/test split weights."
     )
 
+    @field_validator("split")
+    @classmethod
+    def _split_normalizes(cls, value: str) -> str:
+        """Megatron divides each weight by their sum as float64 (parse_and_normalize_split and
+        normalize, megatron/core/datasets at core_v0.16.1): a zero or infinite sum gives NaN splits."""
+        weights = [float(w) for w in value.split(",")]
+        if not all(math.isfinite(w) for w in weights):
+            raise ValueError(f"split weights must be finite as float64 numbers; got {value[:40]!r}...")
+        if sum(weights) == 0:
+            raise ValueError(f"split {value!r}: the weights must not all be 0 (Megatron divides by their sum)")
+        return value
 
-class ModelSpec(Strict):
+
+class ModelSpec(SpecModel):
     preset: Optional[Name] = Field(default=None, description="Named architecture (gpt-126m, gpt-1.3b, llama3-8b, tiny).")
-    num_layers: Optional[int] = Field(default=None, ge=1)
-    hidden_size: Optional[int] = Field(default=None, ge=1)
-    num_attention_heads: Optional[int] = Field(default=None, ge=1)
-    num_query_groups: Optional[int] = Field(default=None, ge=1, description="Grouped-query attention groups.")
-    ffn_hidden_size: Optional[int] = Field(default=None, ge=1)
-    seq_length: Optional[int] = Field(default=None, ge=1)
-    max_position_embeddings: Optional[int] = Field(default=None, ge=1)
-    vocab_size: Optional[int] = Field(default=None, ge=2, description="Only for the null tokenizer / synthetic runs.")
+    num_layers: Optional[int] = Field(default=None, ge=1, le=DIM_MAX)
+    hidden_size: Optional[int] = Field(default=None, ge=1, le=DIM_MAX)
+    num_attention_heads: Optional[int] = Field(default=None, ge=1, le=DIM_MAX)
+    num_query_groups: Optional[int] = Field(default=None, ge=1, le=DIM_MAX, description="Grouped-query attention groups.")
+    ffn_hidden_size: Optional[int] = Field(default=None, ge=1, le=DIM_MAX)
+    seq_length: Optional[int] = Field(default=None, ge=1, le=DIM_MAX)
+    max_position_embeddings: Optional[int] = Field(default=None, ge=1, le=DIM_MAX)
+    vocab_size: Optional[int] = Field(default=None, ge=2, le=DIM_MAX,
+                                      description="Only for the null tokenizer / synthetic runs.")
     normalization: Optional[Literal["LayerNorm", "RMSNorm"]] = None
     activation: Optional[Literal["gelu", "swiglu"]] = None
     position_embedding: Optional[Literal["learned_absolute", "rope"]] = None
-    rotary_base: Optional[int] = Field(default=None, ge=1)
+    rotary_base: Optional[int] = Field(default=None, ge=1, le=DIM_MAX)
     untie_embeddings: Optional[bool] = None
     bias_linear: Optional[bool] = None
     hidden_dropout: Optional[float] = Field(default=None, ge=0, lt=1)
     attention_dropout: Optional[float] = Field(default=None, ge=0, lt=1)
 
 
-class ParallelismSpec(Strict):
-    tensor: int = Field(default=1, ge=1, description="Tensor parallel size.")
-    pipeline: int = Field(default=1, ge=1, description="Pipeline parallel size.")
-    context: int = Field(default=1, ge=1, description="Context parallel size.")
+class ParallelismSpec(SpecModel):
+    tensor: int = Field(default=1, ge=1, le=WORLD_MAX, description="Tensor parallel size.")
+    pipeline: int = Field(default=1, ge=1, le=WORLD_MAX, description="Pipeline parallel size.")
+    context: int = Field(default=1, ge=1, le=WORLD_MAX, description="Context parallel size.")
     sequence_parallel: bool = Field(default=False, description="Sequence parallelism (needs tensor > 1).")
-    micro_batch: int = Field(default=1, ge=1, description="Micro batch size per data-parallel rank.")
-    global_batch: int = Field(default=8, ge=1, description="Global batch size.")
+    micro_batch: int = Field(default=1, ge=1, le=BATCH_MAX, description="Micro batch size per data-parallel rank.")
+    global_batch: int = Field(default=8, ge=1, le=BATCH_MAX, description="Global batch size.")
     distributed_optimizer: bool = Field(default=False, description="Shard optimizer state over data parallel ranks.")
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
 
 
-class RecomputeSpec(Strict):
+class RecomputeSpec(SpecModel):
     granularity: Optional[Literal["selective", "full"]] = None
     method: Optional[Literal["uniform", "block"]] = None
-    num_layers: Optional[int] = Field(default=None, ge=1)
+    num_layers: Optional[int] = Field(default=None, ge=1, le=DIM_MAX)
 
 
-class MegatronLMSpec(Strict):
-    version: Union[str, float] = Field(
+class MegatronLMSpec(SpecModel):
+    version: Union[Bounded, float] = Field(
         description="Megatron-LM / megatron-core version in the image, e.g. '0.16.1' or 'core_v0.16.1'."
     )
     path: AbsPath = Field(default="/opt/megatron-lm", description="Megatron-LM checkout inside the image.")
 
 
-class TrainingSpec(Strict):
+class TrainingSpec(SpecModel):
     entrypoint: Literal["builtin", "megatron-lm"] = Field(
         default="builtin",
         description="builtin: lingjun_slurm's megatron-core trainer; megatron-lm: the image's pretrain_gpt.py.",
     )
-    iterations: int = Field(default=1000, ge=1)
+    iterations: int = Field(default=1000, ge=1, le=COUNT_MAX)
     lr: float = Field(default=3.0e-4, gt=0)
     min_lr: float = Field(default=3.0e-5, ge=0)
     lr_decay_style: Literal["constant", "linear", "cosine", "inverse-square-root", "WSD"] = "cosine"
-    lr_warmup_iters: int = Field(default=0, ge=0)
-    lr_decay_iters: Optional[int] = Field(default=None, ge=1)
+    lr_warmup_iters: int = Field(default=0, ge=0, le=COUNT_MAX)
+    lr_decay_iters: Optional[int] = Field(default=None, ge=1, le=COUNT_MAX)
     weight_decay: float = Field(default=0.1, ge=0)
     clip_grad: float = Field(default=1.0, ge=0)
     adam_beta1: float = Field(default=0.9, gt=0, lt=1)
     adam_beta2: float = Field(default=0.95, gt=0, lt=1)
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"
-    seed: int = Field(default=1234, ge=0)
+    seed: int = Field(default=1234, ge=0, le=SEED_MAX)
     recompute: RecomputeSpec = Field(default_factory=RecomputeSpec)
-    log_interval: int = Field(default=10, ge=1)
-    eval_interval: int = Field(default=1000, ge=1)
-    eval_iters: int = Field(default=10, ge=0)
+    log_interval: int = Field(default=10, ge=1, le=COUNT_MAX)
+    eval_interval: int = Field(default=1000, ge=1, le=COUNT_MAX)
+    eval_iters: int = Field(default=10, ge=0, le=COUNT_MAX)
     save_grace_s: int = Field(
         default=300, ge=60, le=3600,
         description="Seconds before the time limit at which Slurm signals the job to save and exit.",
@@ -285,22 +443,22 @@ class TrainingSpec(Strict):
     )
 
 
-class CheckpointSpec(Strict):
+class CheckpointSpec(SpecModel):
     dir: Optional[AbsPath] = Field(default=None, description="Checkpoint directory. Default: <workdir>/checkpoints.")
-    save_interval: int = Field(default=1000, ge=1)
+    save_interval: int = Field(default=1000, ge=1, le=COUNT_MAX)
     format: Literal["torch_dist"] = Field(default="torch_dist", description="Checkpoint format.")
-    keep_last: int = Field(default=3, ge=1, description="Retention: keep this many newest checkpoints.")
+    keep_last: int = Field(default=3, ge=1, le=COUNT_MAX, description="Retention: keep this many newest checkpoints.")
     copy_to: Optional[Text] = Field(
         default=None, description="Copy/upload target: an absolute path or an fsspec URL (az://, s3://, ...)."
     )
     verify: bool = Field(default=True, description="Verify completeness and hashes before retention and copy.")
 
 
-class StageToggle(Strict):
+class StageToggle(SpecModel):
     skip: bool = Field(default=False, description="Leave this built-in stage out of the chain.")
 
 
-class CommandStage(Strict):
+class CommandStage(SpecModel):
     name: Name = Field(description="Stage name (unique; not a built-in name).")
     command: Text = Field(description="Shell command run by bash inside the stage (this is meant to run).")
     before: Optional[Literal["preprocess", "merge", "train", "checkpoint"]] = Field(
@@ -317,7 +475,7 @@ class CommandStage(Strict):
     resources: Resources = Field(default_factory=Resources)
 
 
-class StagesSpec(Strict):
+class StagesSpec(SpecModel):
     preprocess: StageToggle = Field(default_factory=StageToggle)
     merge: StageToggle = Field(default_factory=StageToggle)
     train: StageToggle = Field(default_factory=StageToggle)
@@ -325,12 +483,19 @@ class StagesSpec(Strict):
     commands: list[CommandStage] = Field(default_factory=list, description="User command stages.")
 
 
-class Spec(Strict):
+class Spec(SpecModel):
     """One training run: data preprocessing, Megatron GPT training and checkpoint handling."""
 
     model_config = ConfigDict(extra="forbid", title="lingjun-slurm spec")
 
     version: Literal[1] = Field(default=SPEC_VERSION, description="Spec format version.")
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version_is_an_integer(cls, value: Any) -> Any:
+        if isinstance(value, (bool, float)):  # pydantic's Literal[1] takes True and 1.0 even when strict
+            raise ValueError(f"Input should be 1 (got {value!r})")
+        return value
     run: RunSpec = Field(description="Name and shared directories of the run.")
     cluster: ClusterSpec = Field(default_factory=ClusterSpec, description="Slurm resources, account and network.")
     container: ContainerSpec = Field(default_factory=ContainerSpec, description="pyxis/enroot container, or none.")

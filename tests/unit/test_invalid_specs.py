@@ -310,6 +310,16 @@ CASES = [
       "command-named-train"),
     c("megatron", {"stages.commands[0].after": "evaluate"}, "stages.commands[0].after", "checkpoint",
       "command-unknown-anchor"),
+    # values that cannot work (issue 15; many more in test_hostile_specs.py)
+    c("megatron", {"training.lr": float("inf")}, "training.lr", "finite number", "lr-inf"),
+    c("megatron", {"training.iterations": 99999999999999999999999}, "training.iterations",
+      "less than or equal to 1000000000000", "iterations-huge"),
+    c("megatron", {"training.iterations": True}, "training.iterations", "valid integer", "iterations-bool"),
+    c("megatron", {"cluster.stages.train.time": "99999-00:00:00"}, "cluster.stages.train.time",
+      "more than Slurm can hold", "time-99999-days"),
+    c("megatron", {"env.PATH": "/opt/bin"}, "env.PATH", "env would replace PATH", "env-replaces-path"),
+    c("megatron", {"env.LD_LIBRARY_PATH": "/opt/lib"}, "env.LD_LIBRARY_PATH", "which the stages need",
+      "env-replaces-ld-library-path"),
 ]
 
 
