@@ -6,12 +6,12 @@ import re
 
 _FORMS = [
     # (regex, group names) in the order sbatch documents them
-    (re.compile(r"^(?P<m>\d+)$"), "minutes"),
-    (re.compile(r"^(?P<m>\d+):(?P<s>\d+)$"), "minutes:seconds"),
-    (re.compile(r"^(?P<h>\d+):(?P<m>\d+):(?P<s>\d+)$"), "hours:minutes:seconds"),
-    (re.compile(r"^(?P<d>\d+)-(?P<h>\d+)$"), "days-hours"),
-    (re.compile(r"^(?P<d>\d+)-(?P<h>\d+):(?P<m>\d+)$"), "days-hours:minutes"),
-    (re.compile(r"^(?P<d>\d+)-(?P<h>\d+):(?P<m>\d+):(?P<s>\d+)$"), "days-hours:minutes:seconds"),
+    (re.compile(r"^(?P<m>[0-9]+)$"), "minutes"),
+    (re.compile(r"^(?P<m>[0-9]+):(?P<s>[0-9]+)$"), "minutes:seconds"),
+    (re.compile(r"^(?P<h>[0-9]+):(?P<m>[0-9]+):(?P<s>[0-9]+)$"), "hours:minutes:seconds"),
+    (re.compile(r"^(?P<d>[0-9]+)-(?P<h>[0-9]+)$"), "days-hours"),
+    (re.compile(r"^(?P<d>[0-9]+)-(?P<h>[0-9]+):(?P<m>[0-9]+)$"), "days-hours:minutes"),
+    (re.compile(r"^(?P<d>[0-9]+)-(?P<h>[0-9]+):(?P<m>[0-9]+):(?P<s>[0-9]+)$"), "days-hours:minutes:seconds"),
 ]
 
 TIME_HELP = (
