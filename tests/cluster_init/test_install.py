@@ -332,3 +332,176 @@ def test_node_tests_fail_on_a_broken_node(make_node):
     assert "FAIL pyxis container_scope=job" in check.stdout
     assert "FAIL exactly one pyxis entry in /etc/slurm/plugstack.conf.d/*" in check.stdout
     assert "4 check(s) failed" in check.stdout
+
+
+# -- what another installer put on the node (issue 14, items 1 and 3) --------------------------
+
+def cyclecloud_pyxis(node: Node, version: str) -> bytes:
+    """cyclecloud-slurm 4.0.x's pyxis: built into /opt/pyxis/spank_pyxis.so (chmod +x) and named in
+    plugstack.conf.d/pyxis.conf (Azure/cyclecloud-slurm 4.0.9 ubuntu.sh:155-163, install.py:990-997).
+    The stand-in carries the string a real build logs at slurmd start ("pyxis: version v" PYXIS_VERSION,
+    NVIDIA/pyxis pyxis_slurmd.c:28)."""
+    so = node.path("/opt/pyxis/spank_pyxis.so")
+    so.parent.mkdir(parents=True, exist_ok=True)
+    data = b"\x7fELF stand-in for cyclecloud-slurm's pyxis build\x00pyxis: version v" + version.encode() + b"\x00"
+    so.write_bytes(data)
+    so.chmod(0o755)
+    node.path("/etc/slurm/plugstack.conf.d/pyxis.conf").write_text(
+        "required /opt/pyxis/spank_pyxis.so runtime_path=/mnt/enroot/enroot-runtime")
+    return data
+
+
+def test_cyclecloud_pyxis_below_the_floor_is_replaced_by_our_build(make_node):
+    node = make_node()
+    cyclecloud_pyxis(node, "0.21.0")
+    result = node.run("login")
+    assert result.returncode == 0, result.stderr
+    assert ("pyxis: pyxis 0.21.0 at /opt/pyxis/spank_pyxis.so is below the floor 0.24.0 "
+            "(lingjun_slurm.pyxis.min_version and the plugstack options): building 0.24.0 instead") in result.stdout
+    assert "fake spank_pyxis.so" in node.path("/usr/lib64/slurm/spank_pyxis.so").read_text(errors="replace")
+    assert node.path("/etc/slurm/plugstack.conf.d/pyxis.conf").read_text().endswith(
+        "\nrequired /usr/lib64/slurm/spank_pyxis.so runtime_path=/run/pyxis container_scope=job\n")
+    assert node_test(node, "login").returncode == 0
+    assert_idempotent(node, "login")
+
+
+def test_cyclecloud_pyxis_at_the_floor_is_adopted(make_node):
+    node = make_node(config={"lingjun_slurm.pyxis.min_version": "0.21.0"})
+    node.service_running("slurmd")
+    theirs = cyclecloud_pyxis(node, "0.21.0")
+    result = node.run("execute")
+    assert result.returncode == 0, result.stderr
+    assert ("pyxis: adopting pyxis 0.21.0 found at /opt/pyxis/spank_pyxis.so: at least 0.21.0 "
+            "(lingjun_slurm.pyxis.min_version and the plugstack options), so 0.24.0 is not built") in result.stdout
+    assert "run: make" not in node.log()
+    assert node.path("/usr/lib64/slurm/spank_pyxis.so").read_bytes() == theirs
+    assert node.mode("/usr/lib64/slurm/spank_pyxis.so") == 0o644
+    assert "adopted_from=/opt/pyxis/spank_pyxis.so\n" in node.path("/var/lib/lingjun-slurm/pyxis.stamp").read_text()
+    assert node.path("/etc/slurm/plugstack.conf.d/pyxis.conf").read_text().endswith(
+        "required /usr/lib64/slurm/spank_pyxis.so runtime_path=/tmp/enroot/pyxis container_scope=job\n")
+    check = node_test(node, "execute")
+    assert check.returncode == 0, check.stdout
+    assert_idempotent(node, "execute")
+
+    # an option pyxis 0.21.0 does not know (use_squashfuse, config.c since v0.22.0) raises the floor
+    node.config["lingjun_slurm.pyxis.options"] = "use_squashfuse=1"
+    rebuilt = node.run("execute")
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert "pyxis 0.21.0 at /opt/pyxis/spank_pyxis.so is below the floor 0.22.0" in rebuilt.stdout
+    assert "changed: /usr/lib64/slurm/spank_pyxis.so" in rebuilt.stdout
+    assert "fake spank_pyxis.so" in node.path("/usr/lib64/slurm/spank_pyxis.so").read_text(errors="replace")
+    assert_idempotent(node, "execute")
+
+
+def test_rhel_enroot_at_the_floor_is_adopted(make_node):
+    node = make_node("rhel", config={"lingjun_slurm.enroot.min_version": "4.0.1"})
+    node.preinstall(("enroot", "enroot+caps"), "4.0.1")
+    result = node.run("execute")
+    assert result.returncode == 0, result.stderr
+    assert "enroot: adopting the installed enroot 4.0.1, enroot+caps 4.0.1: at least 4.0.1" in result.stdout
+    assert not [c for c in node.calls() if c.startswith("dnf install") and "enroot" in c]
+    assert node.pkg_version("enroot") == "4.0.1"
+
+
+def test_rhel_enroot_below_the_floor_is_upgraded(make_node):
+    node = make_node("rhel")
+    node.preinstall(("enroot", "enroot+caps"), "4.0.1")
+    result = node.run("execute")
+    assert result.returncode == 0, result.stderr
+    assert "enroot: installing the pinned 4.2.1 (found enroot 4.0.1, enroot+caps 4.0.1; floor 4.2.1)" in result.stdout
+    assert node.pkg_version("enroot") == "4.2.1"
+
+
+def test_a_newer_enroot_is_kept_not_downgraded(make_node):
+    node = make_node()
+    node.preinstall(("enroot", "enroot+caps"), "4.3.0", hold=True)
+    result = node.run("execute")
+    assert result.returncode == 0, result.stderr
+    assert "enroot: adopting the installed enroot 4.3.0 (held), enroot+caps 4.3.0 (held): at least 4.2.1" in result.stdout
+    assert not [c for c in node.calls() if c.startswith("apt-get install") and "enroot" in c]
+
+
+def test_nvidia_container_cli_required_but_missing_is_refused_before_any_change(make_node):
+    node = make_node(config={"lingjun_slurm.enroot.nvidia_container_cli": "require"})
+    node.remove_nvcli()
+    result = node.run("execute")
+    assert result.returncode == 1
+    assert ("enroot cannot start GPU containers on this node: its 98-nvidia.sh hook needs nvidia-container-cli "
+            "from libnvidia-container-tools 1.16.2 or later, found none.") in result.stderr
+    assert "lingjun_slurm.enroot.nvidia_container_cli to install" in result.stderr
+    assert not [c for c in node.calls() if c.startswith(("apt-get", "dnf"))]
+    assert not node.path("/etc/enroot/enroot.conf").exists()
+
+
+def test_nvidia_container_cli_required_and_present_is_kept(make_node):
+    node = make_node(config={"lingjun_slurm.enroot.nvidia_container_cli": "require"})
+    result = node.run("execute")
+    assert result.returncode == 0, result.stderr
+    assert "nvidia-container-cli: keeping libnvidia-container-tools 1.17.8 (held) (at least 1.16.2" in result.stdout
+
+
+def test_nvidia_container_cli_off_checks_nothing(make_node):
+    node = make_node(config={"lingjun_slurm.enroot.nvidia_container_cli": "off"})
+    node.remove_nvcli()
+    result = node.run("execute")
+    assert result.returncode == 0, result.stderr
+    assert "nvidia-container-cli: not checked (lingjun_slurm.enroot.nvidia_container_cli is off)" in result.stdout
+    assert not [c for c in node.calls() if c.startswith("apt-get install") and "libnvidia" in c]
+
+
+@pytest.mark.parametrize("os_family", ["ubuntu", "rhel"])
+def test_nvidia_container_cli_installed_pinned_when_missing(make_node, os_family):
+    node = make_node(os_family)
+    node.remove_nvcli()
+    result = node.run("execute")
+    assert result.returncode == 0, result.stderr
+    installer = "apt-get install" if os_family == "ubuntu" else "dnf install"
+    assert [c for c in node.calls() if c.startswith(installer) and "libnvidia-container-tools" in c]
+    assert node.pkg_version("libnvidia-container-tools") == ("1.20.1-1" if os_family == "ubuntu" else "1.20.1")
+    assert node.mode("/usr/bin/nvidia-container-cli") == 0o755
+    assert_idempotent(node, "execute")
+
+
+def test_nvidia_container_cli_checksum_missing_is_refused(make_node):
+    from tests.cluster_init.node import nvcli_files
+    deb = nvcli_files("ubuntu")[1]
+    node = make_node(missing=(deb,))
+    node.remove_nvcli()
+    result = node.run("execute")
+    assert result.returncode == 2
+    assert f"refusing to install {deb}: no published SHA-256" in result.stderr
+    assert not [c for c in node.calls() if c.startswith("apt-get")]
+
+
+@pytest.mark.parametrize("version, kept", [("1.17.0", True), ("1.15.0", False)])
+def test_nvidia_container_cli_not_from_a_package(make_node, version, kept):
+    """Built from source into /usr/local/bin: its version comes from `nvidia-container-cli --version`."""
+    from tests.cluster_init.node import NVCLI_SCRIPT
+    node = make_node()
+    node.remove_nvcli()
+    cli = node.path("/usr/local/bin/nvidia-container-cli")
+    cli.parent.mkdir(parents=True, exist_ok=True)
+    cli.write_text(NVCLI_SCRIPT.replace("{v}", version))
+    cli.chmod(0o755)
+    result = node.run("execute")
+    assert result.returncode == 0, result.stderr
+    seen = f"/usr/local/bin/nvidia-container-cli {version}, not from a package"
+    if kept:
+        assert f"nvidia-container-cli: keeping {seen} (at least 1.16.2" in result.stdout
+        assert not [c for c in node.calls() if c.startswith("apt-get install") and "libnvidia" in c]
+    else:
+        assert f"installing the pinned libnvidia-container 1.20.1 (found {seen}; floor 1.16.2)" in result.stdout
+        assert "whichever comes first on PATH is the one enroot runs" in result.stderr
+        assert node.pkg_version("libnvidia-container-tools") == "1.20.1-1"
+
+
+def test_a_bad_floor_is_a_configuration_error(make_node):
+    node = make_node(config={"lingjun_slurm.enroot.min_version": "4.9.9", "lingjun_slurm.nccl.profile": "generic-ib"})
+    result = node.run("execute", mode="file")
+    assert result.returncode == 2
+    assert "lingjun_slurm.enroot.min_version: the floor 4.9.9 is above lingjun_slurm.enroot.version 4.2.1" in result.stderr
+    node.config["lingjun_slurm.enroot.min_version"] = "latest"
+    result = node.run("execute", mode="file")
+    assert result.returncode == 2
+    assert 'lingjun_slurm.enroot.min_version: expected a version like 1.2.3 (or nothing), got "latest"' in result.stderr
+    assert "node.yaml:" in result.stderr

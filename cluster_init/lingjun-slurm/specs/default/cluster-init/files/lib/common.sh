@@ -181,5 +181,23 @@ lj_sha256() {
     printf '%s' "${sum%% *}"
 }
 
+# lj_node_command NAME: the node path of a program on the node, or nothing (status 1). On a
+# real node that is `command -v` (root's PATH); in a sandbox (LINGJUN_NODE_ROOT) the usual
+# system directories under the sandbox root.
+lj_node_command() {
+    local dir
+    if [ -z "$LJ_ROOT" ]; then
+        command -v "$1" 2>/dev/null
+        return
+    fi
+    for dir in /usr/local/sbin /usr/local/bin /usr/sbin /usr/bin /sbin /bin; do
+        if [ -f "$LJ_ROOT$dir/$1" ] && [ -x "$LJ_ROOT$dir/$1" ]; then
+            printf '%s' "$dir/$1"
+            return 0
+        fi
+    done
+    return 1
+}
+
 # lj_service_active NAME: whether the systemd unit is running.
 lj_service_active() { systemctl is-active --quiet "$1" 2>/dev/null; }

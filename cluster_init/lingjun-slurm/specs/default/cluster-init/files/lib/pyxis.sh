@@ -4,10 +4,17 @@
 
 LJ_PYXIS_PLUGIN=""     # node path of the installed plugin
 LJ_PYXIS_TARBALL=""    # verified source tarball, when a build is needed
+LJ_PYXIS_ADOPTED=""    # node path of a pyxis build found on the node and adopted (mode build)
+LJ_PYXIS_ADOPTED_VERSION=""
 LJ_PYXIS_INCLUDE=""    # node path of the directory holding slurm/spank.h
 LJ_PYXIS_STAMP_TEXT="" # what the build stamp must say for the installed plugin to be current
 LJ_SLURMD_RESTART=0
 readonly LJ_PYXIS_STAMP=/var/lib/lingjun-slurm/pyxis.stamp
+# cyclecloud-slurm 4.0.x builds pyxis 0.21.0 into /opt/pyxis/spank_pyxis.so (no package; built
+# only when that file is missing) and names it in plugstack.conf.d/pyxis.conf
+# (Azure/cyclecloud-slurm 4.0.9 azure-slurm-install/ubuntu.sh:12-13,155-163, rhel.sh:144-152,
+# install.py:990-997).
+readonly LJ_PYXIS_CYCLECLOUD=/opt/pyxis/spank_pyxis.so
 
 # lj_slurm_conf_value KEY: a slurm.conf setting (keys are case-insensitive), or nothing.
 lj_slurm_conf_value() {
@@ -68,6 +75,105 @@ lj_pyxis_build_current() {
     [ "$(grep -v '^plugin_sha256=' "$stamp")" = "$LJ_PYXIS_STAMP_TEXT" ] && [ "$recorded" = "$(lj_sha256 "$plugin")" ]
 }
 
+# lj_pyxis_plugin_version FILE: the version a pyxis plugin reports, from the string its slurmd
+# init logs, "pyxis: version v" PYXIS_VERSION (NVIDIA/pyxis v0.21.0 and v0.24.0
+# pyxis_slurmd.c:27-28; the Makefile sets PYXIS_VERSION, Makefile:9,16); nothing when absent.
+lj_pyxis_plugin_version() {
+    local found
+    found=$(grep -a -o -m 1 'pyxis: version v[0-9][0-9A-Za-z.+~-]*' -- "$1" 2>/dev/null | head -n 1) || true
+    printf '%s' "${found#pyxis: version v}"
+}
+
+# lj_pyxis_floor VERSION: the oldest pyxis that may be adopted: lingjun_slurm.pyxis.min_version
+# (default VERSION), raised to the first release that knows every option the plugstack line will
+# carry, since pyxis refuses an unknown one and a required plugin that fails stops slurmd
+# (config.c "unknown configuration option", v0.21.0:91-93). container_scope (always written)
+# since v0.9.0, sbatch_support since v0.12.0, use_enroot_load and importer since v0.21.0,
+# use_squashfuse since v0.22.0 (config.c of each tag).
+lj_pyxis_floor() {
+    local floor opt need
+    floor=$(lj_cfg_floor pyxis.min_version "$1")
+    for opt in container_scope= $(lj_cfg pyxis.options); do
+        case ${opt%%=*} in
+        container_scope | runtime_path | execute_entrypoint) need=0.9.0 ;;
+        sbatch_support) need=0.12.0 ;;
+        use_enroot_load | importer) need=0.21.0 ;;
+        use_squashfuse) need=0.22.0 ;;
+        *) need=$1 ;; # not known here: only the pinned version is trusted with it
+        esac
+        lj_version_ge "$floor" "$need" || floor=$need
+    done
+    printf '%s' "$floor"
+}
+
+# lj_pyxis_own_build: whether the plugin at LJ_PYXIS_PLUGIN is one this installer built (its
+# stamp records a build and the plugin's checksum).
+lj_pyxis_own_build() {
+    local stamp plugin
+    stamp=$(lj_path "$LJ_PYXIS_STAMP")
+    plugin=$(lj_path "$LJ_PYXIS_PLUGIN")
+    [ -f "$stamp" ] && [ -f "$plugin" ] && grep -q '^tarball_sha256=' "$stamp" &&
+        [ "$(sed -n 's/^plugin_sha256=//p' "$stamp")" = "$(lj_sha256 "$plugin")" ]
+}
+
+# lj_pyxis_adopt_candidates: node paths of pyxis builds on the node that this installer did not
+# make, one per line, most specific first: the one adopted last time (the stamp), the plugin the
+# pyxis entry of plugstack.conf.d/pyxis.conf names (whoever wrote it), cyclecloud-slurm's, and a
+# plugin already at our destination (a package's, say).
+lj_pyxis_adopt_candidates() {
+    local stamp conf entry
+    stamp=$(lj_path "$LJ_PYXIS_STAMP")
+    [ ! -f "$stamp" ] || sed -n 's/^adopted_from=//p' "$stamp"
+    conf=$(lj_path "$(lj_cfg slurm.conf_dir)/plugstack.conf.d/pyxis.conf")
+    if [ -f "$conf" ]; then
+        entry=$(awk '{ sub(/#.*/, "") } ($1 == "required" || $1 == "optional") && $2 ~ /(^|\/)spank_pyxis\.so$/ { print $2; exit }' "$conf")
+        [ -z "$entry" ] || [ "$entry" = "$LJ_PYXIS_PLUGIN" ] || printf '%s\n' "$entry"
+    fi
+    printf '%s\n' "$LJ_PYXIS_CYCLECLOUD"
+    lj_pyxis_own_build || printf '%s\n' "$LJ_PYXIS_PLUGIN"
+}
+
+# lj_pyxis_adopt_check VERSION (mode build): adopt a pyxis build found on the node when it
+# reports at least the floor; otherwise say what was found and build VERSION. The adopted plugin
+# is copied to LJ_PYXIS_PLUGIN (0644) rather than named where it is: the copy is what pyxis.conf
+# and the node tests see, whoever rewrites pyxis.conf, and a rebuild of the original (cyclecloud-
+# slurm's, when /opt/pyxis is emptied) is picked up by the next run.
+lj_pyxis_adopt_check() {
+    local version=$1 floor candidate have seen=" "
+    floor=$(lj_pyxis_floor "$version")
+    while IFS= read -r candidate; do
+        [[ $candidate == /* ]] || continue
+        [[ $seen != *" $candidate "* ]] || continue
+        seen+="$candidate "
+        [ -f "$(lj_path "$candidate")" ] || continue
+        have=$(lj_pyxis_plugin_version "$(lj_path "$candidate")")
+        if [ -z "$have" ]; then
+            lj_log "pyxis: $candidate reports no version; not adopted"
+        elif lj_version_ge "$have" "$floor"; then
+            LJ_PYXIS_ADOPTED=$candidate
+            LJ_PYXIS_ADOPTED_VERSION=$have
+            lj_log "pyxis: adopting pyxis $have found at $candidate: at least $floor (lingjun_slurm.pyxis.min_version and the plugstack options), so $version is not built"
+            return 0
+        else
+            lj_log "pyxis: pyxis $have at $candidate is below the floor $floor (lingjun_slurm.pyxis.min_version and the plugstack options): building $version instead"
+        fi
+    done < <(lj_pyxis_adopt_candidates)
+}
+
+# lj_pyxis_adopt_install: the adopted build at LJ_PYXIS_PLUGIN, and a stamp saying where it came
+# from (a later build never mistakes it for one of its own: the stamp has no tarball).
+lj_pyxis_adopt_install() {
+    local src
+    src=$(lj_path "$LJ_PYXIS_ADOPTED")
+    if [ "$LJ_PYXIS_ADOPTED" != "$LJ_PYXIS_PLUGIN" ]; then
+        lj_install_file "$src" "$LJ_PYXIS_PLUGIN" 0644
+        [ "$LJ_LAST_CHANGED" -eq 0 ] || LJ_SLURMD_RESTART=1
+    fi
+    printf 'adopted_from=%s\nversion=%s\nplugin=%s\nplugin_sha256=%s\n' "$LJ_PYXIS_ADOPTED" \
+        "$LJ_PYXIS_ADOPTED_VERSION" "$LJ_PYXIS_PLUGIN" "$(lj_sha256 "$(lj_path "$LJ_PYXIS_PLUGIN")")" |
+        lj_install_text "$LJ_PYXIS_STAMP" 0644
+}
+
 # Before any change: decide whether pyxis must be built, and fetch and verify what it needs.
 lj_pyxis_preflight() {
     local mode version file headers inc provided expected
@@ -86,6 +192,8 @@ lj_pyxis_preflight() {
         return 0
     fi
     version=$(lj_cfg pyxis.version)
+    lj_pyxis_adopt_check "$version"
+    [ -z "$LJ_PYXIS_ADOPTED" ] || return 0
     file="pyxis-$version.tar.gz"
     lj_require_checksum "$file"
     LJ_PYXIS_INCLUDE=$(lj_pyxis_find_include)
@@ -108,7 +216,7 @@ lj_pyxis_preflight() {
 lj_pyxis_build() {
     local src stage so top
     if ! command -v make >/dev/null 2>&1 || ! command -v gcc >/dev/null 2>&1; then
-        lj_pkg_install make gcc
+        lj_pkg_install make gcc || lj_die "installing make and gcc to build pyxis failed (the package manager's error is above)"
     fi
     src="$LJ_WORK/pyxis-src"
     stage="$LJ_WORK/pyxis-stage"
@@ -206,6 +314,8 @@ lj_pyxis_install() {
     if [ "$mode" = provided ]; then
         lj_install_file "$(lj_path "$(lj_cfg pyxis.provided_plugin)")" "$LJ_PYXIS_PLUGIN" 0644
         [ "$LJ_LAST_CHANGED" -eq 0 ] || LJ_SLURMD_RESTART=1
+    elif [ "$mode" = build ] && [ -n "$LJ_PYXIS_ADOPTED" ]; then
+        lj_pyxis_adopt_install
     elif [ "$mode" = build ] && [ -n "$LJ_PYXIS_TARBALL" ]; then
         lj_pyxis_build
     fi
