@@ -23,8 +23,9 @@ OUT/REV_NAME/LAYOUT/ holds latest_checkpointed_iteration.txt, iter_0000003/ and 
 
 The child makes pretrain_gpt.py run without CUDA, and records what it changed ("shims" in
 losses.json): lingjun_slurm.train.cpu_compat (megatron-core's CUDA-only calls on the CPU), a device
-count of 1 (so _initialize_distributed builds the model-parallel groups), torch.cuda's RNG state
-= the CPU generator's, null CUDA streams/events, no-op empty_cache / memory stats, no fused-kernel
+count of 1 (so _initialize_distributed builds the model-parallel groups), torch.cuda's generator =
+cpu_compat's emulated device generator (dropout draws from it, the DataLoaders' seeds from the CPU
+generator, as on a GPU), null CUDA streams/events, no-op empty_cache / memory stats, no fused-kernel
 build or JIT warm-up, typing.override on Python < 3.12, initialize_megatron(allow_no_cuda=True),
 and the dataset index helper (megatron/core/datasets/helpers_cpp) taken from the project venv's
 megatron-core when the revision's helpers.cpp is the same file (else the run stops).
@@ -60,11 +61,21 @@ CROSS_ARGV = """--num-layers 2 --hidden-size 32 --ffn-hidden-size 128 --num-atte
 --no-gradient-accumulation-fusion --no-masked-softmax-fusion --no-bias-gelu-fusion --no-bias-dropout-fusion
 --no-persist-layer-norm --use-cpu-initialization --num-workers 0 --no-create-attention-mask-in-dataloader""".split()
 
-SHIMS = ["lingjun_slurm.train.cpu_compat.activate(force=True)", "torch.cuda.device_count() = 1, set_device no-op", "get_device_properties/capability: sm_90 (validate_args, TP > 1)",
-         "torch.cuda.get/set_rng_state = the CPU generator's (set: None, what the builtin saves on the CPU, is skipped)", "torch.cuda.Stream/Event/stream/current_stream: null",
-         "torch.cuda.empty_cache and memory stats: no-op / 0", "fused_kernels.load, compile_helpers, "
-         "set_jit_fusion_options: no-op", "initialize_megatron(allow_no_cuda=True)",
-         "typing.override = lambda f: f (Python < 3.12)", "distributed optimizer with torch Adam: lingjun_slurm.train.ckpt._prime_adam_steps/_restore_adam_steps and torch.no_grad() around load_checkpoint", "helpers_cpp from the project venv's megatron-core"]
+SHIMS = [
+    "lingjun_slurm.train.cpu_compat.activate(force=True)",
+    "torch.cuda.device_count() = 1, set_device no-op",
+    "get_device_properties/capability: sm_90 (validate_args, TP > 1)",
+    "torch.cuda's generator (get/set_rng_state, manual_seed[_all], initial_seed): cpu_compat's emulated "
+    "device generator, which dropout draws from",
+    "torch.cuda.Stream/Event/stream/current_stream: null",
+    "torch.cuda.empty_cache and memory stats: no-op / 0",
+    "fused_kernels.load, compile_helpers, set_jit_fusion_options: no-op",
+    "initialize_megatron(allow_no_cuda=True)",
+    "typing.override = lambda f: f (Python < 3.12)",
+    "distributed optimizer with torch Adam: lingjun_slurm.train.ckpt._prime_adam_steps/_restore_adam_steps "
+    "and torch.no_grad() around load_checkpoint",
+    "helpers_cpp from the project venv's megatron-core",
+]
 
 CHILD = r'''
 import json, os, runpy, sys, typing, functools
@@ -88,8 +99,6 @@ class _Props:  # validate_args asks for the GPU arch when TP > 1 (as tools/megat
 torch.cuda.get_device_properties = lambda *a, **k: _Props()
 torch.cuda.get_device_capability = lambda *a, **k: (9, 0)
 torch.cuda.set_device = lambda *a, **k: None
-torch.cuda.get_rng_state = lambda *a, **k: torch.get_rng_state()
-torch.cuda.set_rng_state = lambda s, *a, **k: None if s is None else torch.set_rng_state(s)  # a CPU run's checkpoint holds None
 torch.cuda.empty_cache = lambda: None
 for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved"):
     setattr(torch.cuda, name, lambda *a, **k: 0)

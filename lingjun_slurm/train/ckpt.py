@@ -137,13 +137,22 @@ def _rng_state(rt: Runtime) -> dict[str, Any]:
     import torch
     from megatron.core import tensor_parallel
 
+    # On the CPU torch.cuda's generator is cpu_compat's emulated device generator (dropout draws from it)
     return {"random_rng_state": random.getstate(), "np_rng_state": np.random.get_state(),
             "torch_rng_state": torch.get_rng_state(),
-            "cuda_rng_state": torch.cuda.get_rng_state() if rt.use_cuda else None,
+            "cuda_rng_state": torch.cuda.get_rng_state() if rt.use_cuda or rt.cpu_compat else None,
             "rng_tracker_states": tensor_parallel.get_cuda_rng_tracker().get_states()}
 
 
 def _set_rng_state(state: dict[str, Any], rt: Runtime) -> None:
+    """Megatron-LM's load_checkpoint order (checkpointing.py:1863-1886 at core_v0.16.1): python,
+    numpy, torch, then the CUDA generator and the tracker's named states.
+
+    On the CPU the CUDA generator is cpu_compat's emulated one. A checkpoint of the builtin from
+    before it had one holds no CUDA state (None): its dropout drew from the torch generator, so
+    the emulated generator continues from the torch state, which continues that run exactly.
+    Device states of the other kind (a GPU's Philox state on the CPU, a CPU generator state on a
+    GPU) cannot be set: the device streams then stay as seeded, with a warning."""
     import numpy as np
     import torch
     from megatron.core import tensor_parallel
@@ -151,11 +160,27 @@ def _set_rng_state(state: dict[str, Any], rt: Runtime) -> None:
     random.setstate(state["random_rng_state"])
     np.random.set_state(state["np_rng_state"])
     torch.set_rng_state(state["torch_rng_state"])
-    if rt.use_cuda and state.get("cuda_rng_state") is not None:
-        torch.cuda.set_rng_state(state["cuda_rng_state"])
+    if not (rt.use_cuda or rt.cpu_compat):
+        return
+    cuda = state.get("cuda_rng_state")
+    if cuda is None and not rt.use_cuda:
+        cuda = state["torch_rng_state"]
     tracker = tensor_parallel.get_cuda_rng_tracker()
+    graph_safe = tensor_parallel.is_graph_safe_cuda_rng_tracker(tracker)  # as load_checkpoint (:1844, :1870-1873)
+    tracked = {k: tensor_parallel.convert_cuda_rng_state(v, to_graphable=graph_safe)
+               for k, v in (state.get("rng_tracker_states") or {}).items()}
+    size = torch.cuda.get_rng_state().numel()
+    foreign = [name for name, st in [("cuda_rng_state", cuda), *tracked.items()]
+               if isinstance(st, torch.Tensor) and st.numel() != size]
+    if foreign:
+        log.warning("the checkpoint's device RNG states (%s) were saved on %s: they cannot be restored here, "
+                    "dropout draws start from the seeded states (the run is no longer bit-identical to an "
+                    "uninterrupted one)", ", ".join(foreign), "GPUs" if not rt.use_cuda else "the CPU")
+        return
+    if cuda is not None:
+        torch.cuda.set_rng_state(cuda)
     tracker.reset()
-    tracker.set_states(state["rng_tracker_states"])
+    tracker.set_states(tracked)
 
 
 def _rng_object(rt: Runtime, state: dict[str, Any] | None, sharding: tuple[str, ...]) -> Any:

@@ -4,11 +4,27 @@ megatron-core 0.16 hard-codes CUDA in places a CPU run goes through; without thi
 fails with "AssertionError: Torch not compiled with CUDA enabled". What is redirected, and where
 megatron-core needs it (module paths below megatron.core):
 
-- RNG tracker -> CpuRNGStatesTracker, whose named states are CPU generator states and whose
-  fork() swaps the CPU generator: tensor_parallel.random (model_parallel_cuda_manual_seed and
-  CudaRNGStatesTracker.add/fork call torch.cuda.get_rng_state/manual_seed; used around dropout
-  in tensor-parallel regions and by full recompute). random._get/_set_cuda_rng_state (used by
-  CheckpointFunction, i.e. recompute) read and set the CPU generator.
+- The CUDA default generator -> an emulated one (DeviceGenerator): a CPU generator state of its
+  own that torch.cuda.get_rng_state / set_rng_state / manual_seed / manual_seed_all / initial_seed
+  (and their torch.cuda.random twins) read and set, and that megatron's
+  random._get/_set_cuda_rng_state (the RNG tracker's fork(), CheckpointFunction's recompute) use.
+  Ops that on a GPU draw from the device generator draw from it: the dropout functions
+  (megatron-core's dropouts are all torch.nn.functional.dropout on activations, which live on the
+  GPU there: fusions/fused_bias_dropout.py, transformer/dot_product_attention.py, the embedding's
+  torch.nn.Dropout) and the random factories called with device="cuda". Everything else (CPU
+  parameter initialization, the DataLoaders' base seed) draws from the CPU generator, as on a GPU
+  machine with --use-cpu-initialization. In-place random ops on existing tensors (normal_,
+  uniform_, bernoulli_) cannot tell where the tensor would live and stay on the CPU generator; a
+  GPT training step of megatron-core has none. Megatron's own CudaRNGStatesTracker then runs
+  unchanged (a fresh one per activation).
+  Why two generators and not one: Megatron-LM draws from the CPU generator on some ranks only (its
+  DataLoaders, built on tensor-parallel rank 0: pretrain_gpt.py is_dataset_built_on_rank,
+  core_v0.16.1 :205-211). With one shared generator the tensor-parallel ranks' dropout masks
+  outside tensor-parallel regions then differ, the replicated parameters (layer norms,
+  row-parallel biases, position embeddings) drift apart, and a checkpoint, which keeps
+  tensor-parallel rank 0's copy of them only, no longer resumes the run it came from. On a GPU the
+  "default state" is the same on every tensor-parallel rank (tensor_parallel/random.py
+  model_parallel_cuda_manual_seed's docstring, core_v0.16.1 :394-397); so it is here.
 - torch.cuda.current_device() -> "cpu": utils.GlobalMemoryBuffer (local attention),
   distributed.param_and_grad_buffer (DDP buffers), pipeline_parallel.p2p_communication,
   the distributed optimizer's shard buffers.
@@ -56,16 +72,72 @@ def _is_cuda_device(device: Any) -> bool:
         return False
 
 
+# Ops that on a GPU draw from the device generator: dropout (always on activations, which live
+# on the GPU), and the random factories when asked for a CUDA tensor.
+_DROPOUTS = frozenset((
+    torch.nn.functional.dropout, torch.nn.functional.dropout1d, torch.nn.functional.dropout2d,
+    torch.nn.functional.dropout3d, torch.nn.functional.alpha_dropout, torch.nn.functional.feature_alpha_dropout,
+    torch.dropout, torch.dropout_, torch.alpha_dropout, torch.alpha_dropout_, torch.feature_dropout,
+    torch.feature_dropout_, torch.feature_alpha_dropout, torch.feature_alpha_dropout_))
+_RANDOM_FACTORIES = frozenset((torch.rand, torch.randn, torch.randint, torch.randperm, torch.normal,
+                               torch.rand_like, torch.randn_like, torch.randint_like))
+
+
+class DeviceGenerator:
+    """The CUDA default generator, emulated: a CPU generator state of its own (what a GPU's
+    Philox generator is to the ops that run there). Seeded and read through torch.cuda's RNG
+    functions while the layer is active; `drawing()` swaps it into the CPU generator around an
+    op that would draw from the device on a GPU."""
+
+    def __init__(self) -> None:
+        fresh = torch.Generator()  # the same default seed as a fresh CUDA generator (c10 default_rng_seed_val)
+        self.state = fresh.get_state()
+        self.seed = fresh.initial_seed()
+
+    def manual_seed(self, seed: int) -> None:
+        gen = torch.Generator()
+        gen.manual_seed(int(seed))
+        self.state, self.seed = gen.get_state(), int(seed)
+
+    def get_state(self) -> torch.Tensor:
+        return self.state.clone()
+
+    def set_state(self, new_state: torch.Tensor) -> None:
+        gen = torch.Generator()
+        gen.set_state(new_state)  # torch's own check: a CPU generator state (a GPU's state is refused)
+        self.state = gen.get_state()
+
+    @contextlib.contextmanager
+    def drawing(self) -> Iterator[None]:
+        cpu = torch.get_rng_state()
+        torch.set_rng_state(self.state)
+        try:
+            yield
+        finally:
+            self.state = torch.get_rng_state()
+            torch.set_rng_state(cpu)
+
+
 class DeviceMode(TorchFunctionMode):
-    """Keeps tensors on the CPU and reports CPU tensor types the way CUDA ones read."""
+    """Keeps tensors on the CPU, reports CPU tensor types the way CUDA ones read, and lets the ops
+    that would run on the GPU draw from the emulated device generator."""
+
+    def __init__(self, generator: DeviceGenerator | None = None) -> None:
+        super().__init__()
+        self.generator = generator or DeviceGenerator()
 
     def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = dict(kwargs or {})
-        if _is_cuda_device(kwargs.get("device")):
+        cuda = _is_cuda_device(kwargs.get("device"))
+        on_device = func in _DROPOUTS or (cuda and func in _RANDOM_FACTORIES)
+        if cuda:
             kwargs["device"] = "cpu"
         if kwargs.get("pin_memory"):
             kwargs["pin_memory"] = False
+        if on_device:
+            with self.generator.drawing():
+                return func(*args, **kwargs)
         if func is torch.Tensor.type and len(args) == 1 and not kwargs:
             name = func(*args)
             if name.startswith(_TYPE_PREFIX) and not name.startswith(_CUDA_TYPE_PREFIX):
@@ -78,56 +150,38 @@ class DeviceMode(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _cpu_get_rng_state(device: Any = "cuda", clone: bool = False, graph_safe: bool = False) -> torch.Tensor:
-    return torch.get_rng_state()
+def device_generator() -> DeviceGenerator:
+    """The emulated CUDA generator of the active layer."""
+    if _State.mode is None:
+        raise RuntimeError("cpu_compat is not active")
+    return _State.mode.generator
 
 
-def _cpu_set_rng_state(new_state: torch.Tensor, device: int = -1, graph_safe: bool = False) -> None:
-    torch.set_rng_state(new_state)
+def _cuda_get_rng_state(device: Any = "cuda", *_a: Any, **_k: Any) -> torch.Tensor:
+    """torch.cuda.get_rng_state, and megatron's _get_cuda_rng_state(device, clone, graph_safe)."""
+    return device_generator().get_state()
 
 
-def _tracker_class() -> type:
-    from megatron.core.tensor_parallel import random as mrandom
+def _cuda_set_rng_state(new_state: torch.Tensor, *_a: Any, **_k: Any) -> None:
+    """torch.cuda.set_rng_state, and megatron's _set_cuda_rng_state(new_state, device, graph_safe)."""
+    device_generator().set_state(new_state)
 
-    class CpuRNGStatesTracker(mrandom.CudaRNGStatesTracker):
-        """megatron's RNG tracker with CPU generator states (dropout in TP regions, recompute)."""
 
-        def add(self, name: str, seed: int) -> None:
-            self._is_initialized = True
-            if seed in self.seeds_:
-                raise Exception(f"seed {seed} already exists")
-            self.seeds_.add(seed)
-            if name in self.states_:
-                raise Exception(f"rng state {name} already exists")
-            orig = torch.get_rng_state()
-            torch.manual_seed(seed)
-            self.states_[name] = torch.get_rng_state()
-            torch.set_rng_state(orig)
+def _cuda_get_rng_state_all() -> list[torch.Tensor]:
+    return [_cuda_get_rng_state()]  # the one emulated device
 
-        @contextlib.contextmanager
-        def fork(self, name: str = mrandom._MODEL_PARALLEL_RNG_TRACKER_NAME) -> Iterator[None]:
-            # Same as CudaRNGStatesTracker.fork minus its "CPU RNG state changed" warning: here the
-            # tracked generator *is* the CPU generator, so it always changes.
-            if name not in self.states_:
-                raise Exception(f"rng state {name} is not added")
-            orig_state = torch.get_rng_state()
-            orig_name = self._current_state_name
-            if orig_name != "default-rng":
-                self.states_[orig_name] = orig_state
-            torch.set_rng_state(self.states_[name])
-            self._current_state_name = name
-            try:
-                yield
-            finally:
-                if self._current_state_name != name:
-                    raise Exception(f"current state name {self._current_state_name} is not {name}")
-                self.states_[name] = torch.get_rng_state()
-                if orig_name != "default-rng":
-                    orig_state = self.states_[orig_name]
-                torch.set_rng_state(orig_state)
-                self._current_state_name = orig_name
 
-    return CpuRNGStatesTracker
+def _cuda_set_rng_state_all(new_states: Any) -> None:
+    for state in new_states:
+        _cuda_set_rng_state(state)
+
+
+def _cuda_manual_seed(seed: int) -> None:
+    device_generator().manual_seed(seed)
+
+
+def _cuda_initial_seed() -> int:
+    return device_generator().seed
 
 
 class _State:
@@ -153,13 +207,23 @@ def activate(force: bool = False) -> bool:
         return False
     from megatron.core.tensor_parallel import random as mrandom
 
+    _State.mode = DeviceMode(DeviceGenerator())
     _patch(torch.cuda, "current_device", lambda: "cpu")
     _patch(torch.cuda, "synchronize", lambda *a, **k: None)
-    _patch(mrandom, "_get_cuda_rng_state", _cpu_get_rng_state)
-    _patch(mrandom, "_set_cuda_rng_state", _cpu_set_rng_state)
-    _patch(mrandom, "_CUDA_RNG_STATE_TRACKER", _tracker_class()())
+    for module in (torch.cuda, torch.cuda.random):
+        _patch(module, "get_rng_state", _cuda_get_rng_state)
+        _patch(module, "set_rng_state", _cuda_set_rng_state)
+        _patch(module, "get_rng_state_all", _cuda_get_rng_state_all)
+        _patch(module, "set_rng_state_all", _cuda_set_rng_state_all)
+        _patch(module, "manual_seed", _cuda_manual_seed)
+        # torch.manual_seed seeds the CUDA generators through it (torch/random.py _manual_seed_impl), as on a GPU
+        _patch(module, "manual_seed_all", _cuda_manual_seed)
+        _patch(module, "initial_seed", _cuda_initial_seed)
+    _patch(mrandom, "_get_cuda_rng_state", _cuda_get_rng_state)
+    _patch(mrandom, "_set_cuda_rng_state", _cuda_set_rng_state)
+    # megatron's own tracker, fresh: its add()/fork() go through the functions above
+    _patch(mrandom, "_CUDA_RNG_STATE_TRACKER", mrandom.CudaRNGStatesTracker())
     _patch(mrandom, "_CUDA_RNG_STATE_TRACKER_INITIALIZED", True)
-    _State.mode = DeviceMode()
     _State.mode.__enter__()
     _State.active = True
     log.info("cpu_compat: CUDA unavailable; megatron-core's CUDA-only calls redirected to the CPU")

@@ -156,8 +156,8 @@ def context_parallel_slice(batch: dict[str, Any], rt: Runtime) -> dict[str, Any]
 
 
 def megatron_loader_draws(rt: Runtime, splits: int) -> None:
-    """Consume the default torch generator the way Megatron-LM's data iterators do, so that dropout
-    after a start or resume draws the same masks in both trainers.
+    """Consume the default torch (CPU) generator the way Megatron-LM's data iterators do, so that
+    the generator state a checkpoint saves (torch_rng_state) is Megatron-LM's.
 
     pretrain_gpt.py builds its datasets only where is_dataset_built_on_rank() (first or last
     pipeline stage, tensor-parallel rank 0; pretrain_gpt.py:205-211 at core_v0.16.1), after
@@ -166,8 +166,10 @@ def megatron_loader_draws(rt: Runtime, splits: int) -> None:
     DataLoader without its own generator draws one int64 from the default generator
     (torch/utils/data/dataloader.py _BaseDataLoaderIter.__init__, its _base_seed). `splits`: the
     DataLoaders Megatron-LM makes on such a rank (train, plus valid and test where they exist).
-    Verified with 100,0,0 splits (train only) at core_v0.16.1: without this, the first loss with
-    dropout differs between the trainers; with it, they are equal."""
+    Dropout does not see these draws: it draws from the CUDA generator (on the CPU cpu_compat's
+    emulated one), as on a GPU, and the losses are the same without them (measured, TP=2). Verified
+    with 100,0,0 splits (train only) at core_v0.16.1: with them, the saved RNG state equals
+    Megatron-LM's bit for bit on every (pp, tp) rank (tests/train/test_cross_trainer.py)."""
     import torch
 
     if not ((rt.is_first_stage or rt.is_last_stage) and rt.tp_rank == 0):

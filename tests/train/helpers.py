@@ -17,11 +17,11 @@ VOCAB = 512  # the null tokenizer's vocab_size: ids 0..511, eod 512
 USED = 64  # the documents use ids 0..63 only: a tiny GPT sees the loss fall within a few steps
 
 
-def make_dataset(prefix: Path, docs: int = 400, seed: int = 0) -> Path:
-    """{prefix}.bin/.idx as preprocess writes them for the null tokenizer (uint16, eod appended).
+def _counting_corpus(prefix: Path, docs: int, seed: int, eod: int) -> Path:
+    """{prefix}.bin/.idx as preprocess writes them for the null tokenizer (uint16, `eod` appended).
 
-    Each document counts up by a small per-document stride from a random start: next-token
-    structure a tiny GPT learns within a few steps, so a falling loss is a real signal.
+    Each document counts up by a small per-document stride from a random start (ids 0..USED-1):
+    next-token structure a tiny GPT learns within a few steps, so a falling loss is a real signal.
     """
     import numpy as np
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
@@ -33,9 +33,14 @@ def make_dataset(prefix: Path, docs: int = 400, seed: int = 0) -> Path:
         length = int(rng.integers(40, 160))
         start, stride = int(rng.integers(0, USED)), int(rng.integers(1, 4))
         ids = (start + stride * np.arange(length)) % USED
-        builder.add_document(np.append(ids, VOCAB).astype(np.int64), [length + 1])
+        builder.add_document(np.append(ids, eod).astype(np.int64), [length + 1])
     builder.finalize(f"{prefix}.idx")
     return prefix
+
+
+def make_dataset(prefix: Path, docs: int = 400, seed: int = 0) -> Path:
+    """The trainer tests' corpus: ids 0..63, eod VOCAB (512)."""
+    return _counting_corpus(prefix, docs, seed, VOCAB)
 
 
 # The settings the tests rely on, fixed here so that a change to the example spec (whose rendered
@@ -163,19 +168,7 @@ CROSS_ITERATIONS, CROSS_SAVED_AT = 6, 3
 
 def make_cross_dataset(prefix: Path, docs: int = 200, seed: int = 0) -> Path:
     """The corpus of the cross-trainer checkpoints (committed beside them): ids 0..63, eod 127."""
-    import numpy as np
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
-
-    rng = np.random.default_rng(seed)
-    prefix.parent.mkdir(parents=True, exist_ok=True)
-    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=np.uint16)
-    for _ in range(docs):
-        length = int(rng.integers(40, 160))
-        start, stride = int(rng.integers(0, USED)), int(rng.integers(1, 4))
-        ids = (start + stride * np.arange(length)) % USED
-        builder.add_document(np.append(ids, CROSS_VOCAB).astype(np.int64), [length + 1])
-    builder.finalize(f"{prefix}.idx")
-    return prefix
+    return _counting_corpus(prefix, docs, seed, CROSS_VOCAB)
 
 
 def cross_plan(tmp: Path, prefix: Path, *, tensor: int = 1, pipeline: int = 1, distributed_optimizer: bool = False,
