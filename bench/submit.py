@@ -126,12 +126,13 @@ def write_spec(path: Path, workdir: Path, partition: str) -> Path:
     return path
 
 
-def submit_chains(spec: Path, k: int, index: RunIndex) -> tuple[float, TimedTransport, list[Manifest]]:
-    """Submit K chains as `lingjun-slurm submit` does; (wall seconds, transport used, manifests)."""
+def submit_chains(specs: list[Path], index: RunIndex) -> tuple[float, TimedTransport, list[Manifest]]:
+    """Submit one chain per spec as `lingjun-slurm submit` does; (wall seconds, transport used, manifests).
+    Each spec has its own workdir: a workdir holds one live run at a time (docs/submitting.md)."""
     t = TimedTransport()
     manifests = []
     start = time.perf_counter()
-    for _ in range(k):
+    for spec in specs:
         loaded = load_spec(spec)
         prep = prepare(loaded, run_id=new_run_id(loaded.spec.run.name), executor="slurm")
         while t.exists(f"{prep.run_dir}/manifest.json"):  # the CLI refuses an existing run id; draw again
@@ -169,10 +170,11 @@ def bare_sbatch(n: int, cwd: str) -> tuple[float, list[str]]:
     return time.perf_counter() - start, ids
 
 
-def bench_k(k: int, spec: Path, index: RunIndex, scratch: Path) -> Result:
+def bench_k(k: int, root: Path, partition: str, index: RunIndex, scratch: Path) -> Result:
     job_ids: list[str] = []
+    specs = [write_spec(root / f"spec-k{k}-{i}.yaml", root / f"work-k{k}-{i}", partition) for i in range(k)]
     try:
-        submit_s, st, manifests = submit_chains(spec, k, index)
+        submit_s, st, manifests = submit_chains(specs, index)
         job_ids += [j for m in manifests for rec in m.stages for j in rec.job_ids]
         status_s, tt, states = refresh_status([m.run_dir for m in manifests])
         bare_s, bare_ids = bare_sbatch(STAGES * k, str(scratch))
@@ -254,10 +256,9 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="lingjun-bench-submit-") as tmp:
             scratch = Path(tmp) / "bare"
             scratch.mkdir()
-            spec = write_spec(Path(tmp) / "spec.yaml", Path(tmp) / "work", opts.partition)
             index = RunIndex(Path(tmp) / "state")
             for k in ks:
-                results.append(bench_k(k, spec, index, scratch))
+                results.append(bench_k(k, Path(tmp), opts.partition, index, scratch))
                 if not opts.json:
                     print(f"K={k} done", file=sys.stderr)
     except (BenchError, LingjunError, DevClusterError) as exc:

@@ -49,20 +49,23 @@ def _pick_executor(choice: str, remote: bool) -> str:
 @click.option("--run-id", help="Run id (default: <run.name>-<date>-<time>-<random>).")
 @click.option("--dry-run", is_flag=True, help="Print what would be submitted; write and submit nothing.")
 @click.option("--detach", is_flag=True, help="Local executor: run in the background (status/logs/cancel follow it).")
+@click.option("--force", is_flag=True, help="Break a workdir lock whose holder cannot be checked from here (another "
+                                            "host's submit, Slurm unreachable); never one whose holder is alive.")
 @remote_options
-def submit(spec_file: Path, executor: str, run_id: Optional[str], dry_run: bool, detach: bool, host: Optional[str],
-           cluster: Optional[str], accept_new_host_key: bool) -> None:
+def submit(spec_file: Path, executor: str, run_id: Optional[str], dry_run: bool, detach: bool, force: bool,
+           host: Optional[str], cluster: Optional[str], accept_new_host_key: bool) -> None:
     """Validate, render and submit the whole chain (all-or-nothing); print the run id.
 
     With --host or --cluster the scripts are rendered here, the run directory is written on
     the cluster over SFTP and sbatch runs there; the run record is kept on the cluster and
-    copied to this machine (docs/remote.md).
+    copied to this machine (docs/remote.md). One run per workdir at a time: a second submit
+    into a workdir whose run is still going is refused, naming that run (docs/submitting.md).
     """
     from .cli import check_run_id
     from .clusters import cluster_defaults, load_spec_with_defaults
     from .runs.index import RunIndex
     from .runs.manifest import DefaultsRecord
-    from .submit import dry_run_lines, new_run_id, prepare, prepare_local, submit_slurm
+    from .submit import dry_run_lines, new_run_id, prepare, prepare_local, submit_slurm, take_workdir
     from .transport import LocalTransport
     check_run_id(run_id)
     dest = destination(host, cluster, accept_new_host_key)
@@ -89,7 +92,7 @@ def submit(spec_file: Path, executor: str, run_id: Optional[str], dry_run: bool,
         if t.exists(f"{prep.run_dir}/manifest.json"):
             raise UsageError(f"run {prep.plan.run_id} already exists in {prep.run_dir}; use `lingjun-slurm resubmit`")
         if chosen == "slurm":
-            manifest = submit_slurm(t, prep, index, echo=click.echo)
+            manifest = submit_slurm(t, prep, index, echo=click.echo, force=force)
             where = f" on {t.host}" if dest.remote else ""
             click.echo(f"submitted run {manifest.run_id} to Slurm cluster {manifest.cluster.name or '?'}{where} "
                        f"({len(manifest.stages)} stages, run directory {manifest.run_dir}):")
@@ -100,8 +103,12 @@ def submit(spec_file: Path, executor: str, run_id: Optional[str], dry_run: bool,
                 click.echo(f"  {path} = {value}   (from clusters.yaml, cluster {dest.cluster})")
             click.echo(ACTIVE_HINT.format(run=manifest.run_id))
             return
-    manifest = prepare_local(t, prep, index)
-    _run_local(manifest.run_dir, manifest.run_id, detach)
+    lock = take_workdir(t, prep, click.echo, force)
+    try:
+        manifest = prepare_local(t, prep, index)
+        _run_local(manifest.run_dir, manifest.run_id, detach)
+    finally:
+        lock.release()  # a no-op once the runner has taken the lock over (and released it at its end)
 
 
 class SbatchMissing(LingjunError):
@@ -121,7 +128,10 @@ def _run_local(run_dir: str, run_id: str, detach: bool, keep: frozenset[str] = f
         return
     click.echo(f"running {run_id} with the local executor (Ctrl-C cancels); run directory {run_dir}")
     rc = LocalRunner(run_dir, echo=lambda line: click.echo(line), keep=keep).run()
-    _print_status([run_id], as_json=False)
+    try:
+        _print_status([run_id], as_json=False)
+    except OSError:
+        pass  # the terminal is gone (SIGHUP): the record says how the run ended
     if rc != 0:
         raise LocalRunFailed(f"run {run_id} did not complete; see `lingjun-slurm logs {run_id} STAGE`")
 
@@ -137,6 +147,7 @@ class Collected:
         self.runs: list["RunStatus"] = []
         self.backends: list[str] = []
         self.unreachable: list[LingjunError] = []
+        self.slurm_down: list[LingjunError] = []  # hosts whose Slurm did not answer (runs shown, UNKNOWN)
 
 
 def _collect(refs: list[str], conns: Connections) -> Collected:
@@ -187,9 +198,13 @@ def _collect(refs: list[str], conns: Connections) -> Collected:
             continue
         if any(m.executor == "slurm" for m in manifests):
             out.backends.append(f"{host or 'this machine'}: queue read with {collector.backend}")
+            out.backends += [f"{host or 'this machine'}: {note}" for note in collector.notes]
+        if collector.unavailable is not None:
+            out.slurm_down.append(collector.unavailable)
         if kind != "local":
             for run in runs:
-                mirror.save_status(run.run_id, run.to_json())
+                if run.slurm_error is None:  # the local copy keeps the last status Slurm did tell
+                    mirror.save_status(run.run_id, run.to_json())
         out.runs += runs
     out.runs.sort(key=lambda r: order.get(r.run_id, 0))
     return out
@@ -273,6 +288,8 @@ def _print_status(refs: list[str], as_json: bool, conns: Optional[Connections] =
             click.echo(line, err=True)
     if got.unreachable:
         raise got.unreachable[0]  # exit 3, after what the local copy knows was shown
+    if got.slurm_down:
+        raise got.slurm_down[0]  # exit 1, after every run that could be shown was
     return got.runs
 
 
@@ -290,15 +307,26 @@ def status(runs: tuple[str, ...], as_json: bool, watch: bool, interval: float, v
     """Each stage's state, job id, elapsed time, nodes, exit code and reason (default: recent runs).
 
     Remote runs are read over SSH, one connection per host. When a host cannot be reached, its
-    runs are shown from the local copy, marked STALE, and the command exits 3.
+    runs are shown from the local copy, marked STALE, and the command exits 3. When Slurm does not
+    answer (slurmctld unreachable), every run is still shown, the stages Slurm would have to tell
+    about are UNKNOWN with Slurm's message, and the command exits 1.
     """
+    from .errors import SlurmUnavailable
     from .status import ACTIVE
 
     with Connections(destination(host, cluster, accept_new_host_key)) as conns:
         while True:
             if watch and sys.stdout.isatty() and not as_json:
                 click.echo("\x1b[H\x1b[2J", nl=False)
-            shown = _print_status(list(runs), as_json, conns, verbose)
+            try:
+                shown = _print_status(list(runs), as_json, conns, verbose)
+            except SlurmUnavailable as exc:
+                if not watch:
+                    raise
+                # slurmctld restarts: --watch waits for it to answer again (Ctrl-C stops watching).
+                click.echo(f"{exc}; watching on", err=True)
+                time.sleep(interval)
+                continue
             if not watch or not any(s.state in ACTIVE for r in shown for s in r.stages):
                 return
             time.sleep(interval)
@@ -367,6 +395,8 @@ def _follow(t: "Transport", m: "Manifest", stage: str, path: str) -> None:
 
     def done() -> bool:
         run = collector.collect([m])[0]
+        if collector.unavailable is not None:
+            return False  # Slurm does not answer (restarting?): keep following
         return next(s for s in run.stages if s.name == stage).state not in ACTIVE
 
     try:
@@ -383,9 +413,15 @@ def _follow(t: "Transport", m: "Manifest", stage: str, path: str) -> None:
 @remote_options
 def cancel(run: str, stage: Optional[str], host: Optional[str], cluster: Optional[str],
            accept_new_host_key: bool) -> None:
-    """Cancel a run's jobs (from STAGE on, if given) in one scancel; local runs by their process ids."""
+    """Cancel a run's jobs (from STAGE on, if given) in one scancel; local runs by their process ids.
+
+    When Slurm does not answer, nothing is cancelled and the command exits 1 with Slurm's message
+    (local runs are cancelled all the same). Once none of the run's jobs is left, the run's
+    workdir lock is removed."""
+    from .errors import SlurmUnavailable
     from .executors.local import cancel_local
     from .runs.manifest import locked_manifest
+    from .runs.workdir_lock import release_if_over
     from .slurm.client import SlurmCLI
     from .submit import stages_from
 
@@ -404,7 +440,11 @@ def cancel(run: str, stage: Optional[str], host: Optional[str], cluster: Optiona
             # Only jobs that squeue shows under this run's job names: a reused job id is never hit.
             from .status import ACTIVE, StatusCollector
 
-            live = {s.name: s for s in StatusCollector(t).collect([m])[0].stages}
+            collector = StatusCollector(t)
+            live = {s.name: s for s in collector.collect([m])[0].stages}
+            if collector.unavailable is not None:
+                exc = collector.unavailable
+                raise SlurmUnavailable(exc.host, exc.message, f"cannot cancel run {m.run_id}: nothing was cancelled")
             running = [j for n in names if live[n].state == "RUNNING" for j in m.stage(n).job_ids]
             if running:
                 live = _stop_steps_first(t, m, names, running)
@@ -415,6 +455,10 @@ def cancel(run: str, stage: Optional[str], host: Optional[str], cluster: Optiona
                        + (f"; already ended: {', '.join(ended)}" if ended else ""))
         with locked_manifest(t, m.run_dir) as rec:
             rec.event("cancel", stages=names)
+        try:
+            release_if_over(t, m.run_dir, m.run_id)
+        except LingjunError as exc:  # the cancel is done: the next submit judges the lock itself
+            click.echo(f"warning: could not check the workdir lock: {exc}", err=True)
 
 
 # How long cancel lets running jobs end their steps and clean up before it cancels them (at
@@ -457,15 +501,19 @@ def _stop_steps_first(t, m, names: list[str], running: list[str]) -> dict:
 @click.command(epilog=EXIT_CODES)
 @click.argument("run")
 @click.option("--from", "from_stage", required=True, help="First stage to resubmit; later stages follow.")
+@click.option("--force", is_flag=True, help="Break a workdir lock whose holder cannot be checked from here; never "
+                                            "one whose holder is alive.")
 @remote_options
-def resubmit(run: str, from_stage: str, host: Optional[str], cluster: Optional[str],
+def resubmit(run: str, from_stage: str, force: bool, host: Optional[str], cluster: Optional[str],
              accept_new_host_key: bool) -> None:
     """Re-render and resubmit STAGE and every stage after it, under the same run id.
 
     The spec is the run's own spec.yaml (with the clusters.yaml defaults recorded at submit);
     a remote run is re-rendered here and uploaded like a submit.
     """
+    from .errors import SlurmUnavailable
     from .executors.local import cancel_local
+    from .runs.workdir_lock import WorkdirLock, workdir_of
     from .status import StatusCollector
     from .submit import resubmit_local, resubmit_slurm, stages_from
 
@@ -474,14 +522,25 @@ def resubmit(run: str, from_stage: str, host: Optional[str], cluster: Optional[s
         names = stages_from(m, from_stage)
         if m.executor == "local" and t.kind != "local":
             raise UsageError(f"run {m.run_id} ran with the local executor on {m.transport.host}: resubmit it there")
-        current = {s.name: s.state for s in StatusCollector(t).collect([m])[0].stages}
+        collector = StatusCollector(t)
+        current = {s.name: s.state for s in collector.collect([m])[0].stages}
+        if collector.unavailable is not None:
+            exc = collector.unavailable
+            raise SlurmUnavailable(exc.host, exc.message, f"cannot resubmit run {m.run_id}: nothing was submitted")
         if m.executor == "local":
             cancel_local(m.run_dir)
-            resubmit_local(t, m.run_dir, from_stage, current.get)
-            keep = frozenset(n for n in m.stage_names() if n not in names)
-            _run_local(m.run_dir, m.run_id, detach=False, keep=keep)
+            lock = WorkdirLock(t, workdir_of(m.run_dir), m.run_id)
+            note = lock.acquire(force=force)
+            if note:
+                click.echo(note)
+            try:
+                resubmit_local(t, m.run_dir, from_stage, current.get)
+                keep = frozenset(n for n in m.stage_names() if n not in names)
+                _run_local(m.run_dir, m.run_id, detach=False, keep=keep)
+            finally:
+                lock.release()
             return
-        new = resubmit_slurm(t, m.run_dir, from_stage, current.get, echo=click.echo)
+        new = resubmit_slurm(t, m.run_dir, from_stage, current.get, echo=click.echo, force=force)
     click.echo(f"resubmitted run {new.run_id} from stage {from_stage}:")
     for n in names:
         rec = new.stage(n)

@@ -124,3 +124,24 @@ class RunNotFound(LingjunError):
     """A RUN argument matched no run, or more than one."""
 
     exit_code = EXIT_INVALID
+
+
+class SlurmUnavailable(LingjunError):
+    """Slurm could not be asked (slurmctld unreachable, down, or answering with errors): carries
+    Slurm's own words. status shows every run it can and marks the rest UNKNOWN before this ends
+    the command with exit 1; cancel and resubmit refuse up front."""
+
+    def __init__(self, host: str, message: str, doing: str = "") -> None:
+        self.host = host
+        self.message = message
+        self.doing = doing
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        where = f" on {self.host}" if self.host else ""
+        head = f"{self.doing}: " if self.doing else ""
+        return f"{head}Slurm did not answer{where}: {self.message}"
+
+
+class WorkdirBusy(LingjunError):
+    """Another run holds the run's workdir (runs/workdir_lock.py); the message names the holder."""

@@ -6,8 +6,14 @@ same two reads through pyslurm when it passes the guard: slurm/queue.py). Jobs k
 are resolved from the jobcomp/filetxt log when it is readable, then from the start/end
 markers the stage scripts write in <run_dir>/jobs/. Local runs read local-state.json.
 
+When the queue cannot be read (slurmctld unreachable, SlurmUnavailable), every other run is still
+shown and each submitted stage of the Slurm runs on that host is UNKNOWN with Slurm's own message
+(`slurm_error` on the run): no marker stands in for the queue then, since a job that wrote an end
+marker may have been requeued since. The CLI exits 1 after showing them.
+
     {"schema": 1, "runs": [{"run_id", "name", "executor", "host", "stages": [{"name",
-      "job_ids", "state", "reason", "exit_code", "elapsed_s", "nodes", "restarts"}]}]}
+      "job_ids", "state", "reason", "exit_code", "elapsed_s", "nodes", "restarts"}],
+      "slurm_error": "..." (only when Slurm could not be asked)}]}
 """
 
 from __future__ import annotations
@@ -16,8 +22,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
+from .errors import CommandError, SlurmUnavailable
 from .runs.manifest import Manifest, StageRecord
-from .slurm.parse import JobInfo, parse_jobcomp_filetxt
+from .slurm.parse import JobInfo, SlurmParseError, parse_jobcomp_filetxt
 from .slurm.queue import Choice, QueueReader, choose_reader
 from .transport.base import Transport
 
@@ -49,6 +56,7 @@ class RunStatus:
     stages: list[StageStatus] = field(default_factory=list)
     run_dir: str = ""
     stale_as_of: Optional[float] = None  # set when shown from the local copy: the host was unreachable
+    slurm_error: Optional[str] = None    # Slurm's message when its queue could not be read
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"run_id": self.run_id, "name": self.name, "executor": self.executor,
@@ -56,6 +64,8 @@ class RunStatus:
         if self.stale_as_of is not None:
             doc["stale"] = True
             doc["as_of"] = self.stale_as_of
+        if self.slurm_error is not None:
+            doc["slurm_error"] = self.slurm_error
         return doc
 
     @classmethod
@@ -166,6 +176,10 @@ class StatusCollector:
     def __init__(self, transport: Transport, reader: Optional[QueueReader] = None) -> None:
         self.t = transport
         self.choice: Optional[Choice] = Choice(reader, "given") if reader is not None else None
+        # Set by collect when Slurm could not be asked: what it said (the runs show UNKNOWN stages).
+        self.unavailable: Optional[SlurmUnavailable] = None
+        # Sources that failed without hiding the queue (sacct): said by status --verbose.
+        self.notes: list[str] = []
 
     def reader_for(self, runs: list[Manifest]) -> QueueReader:
         if self.choice is None:
@@ -185,20 +199,33 @@ class StatusCollector:
         now = time.time()
         slurm_runs = [m for m in manifests if m.executor == "slurm"]
         records: list[JobInfo] = []
+        self.unavailable = None
         if any(st.job_ids for m in slurm_runs for st in m.stages):
-            records = self._records(slurm_runs)
+            try:
+                records = self._records(slurm_runs)
+            except SlurmUnavailable as exc:
+                self.unavailable = exc
+            except SlurmParseError as exc:
+                self.unavailable = SlurmUnavailable(self.t.host, f"squeue printed what cannot be read: {exc}")
         out = []
         for m in manifests:
             if m.executor == "local":
                 out.append(local_status(m, self.t))
                 continue
             run = RunStatus(m.run_id, m.name, m.executor, m.transport.host, run_dir=m.run_dir)
+            if self.unavailable is not None:
+                run.slurm_error = self.unavailable.message
             for rec in m.stages:
                 infos = [i for i in records if any(_belongs(i, j, rec.job_name) for j in rec.job_ids)]
                 infos = _dedupe(infos)
                 if not rec.job_ids:
                     state, reason = ("NOT_SUBMITTED", "submission failed" if m.state == "failed" else None)
                     run.stages.append(StageStatus(rec.name, [], state, reason, None, None, None, 0))
+                    continue
+                if self.unavailable is not None:
+                    run.stages.append(StageStatus(rec.name, list(rec.job_ids), "UNKNOWN",
+                                                  f"Slurm did not answer: {self.unavailable.message}",
+                                                  None, None, None, 0))
                     continue
                 if not infos or any(i.state == "UNKNOWN" for i in infos):
                     infos = self._markers(m, rec, infos)
@@ -220,7 +247,12 @@ class StatusCollector:
         ask = gone | finished_arrays
         extra: list[JobInfo] = []
         if ask and any(m.cluster.accounting for m in runs):
-            acct = reader.accounting(sorted(ask))
+            try:
+                acct = reader.accounting(sorted(ask))
+            except (CommandError, SlurmParseError) as exc:
+                # The queue answered: the jobs sacct should have told about fall back to jobcomp and markers.
+                self.notes.append(f"sacct failed, reading jobcomp and markers instead: {exc}")
+                acct = None
             if acct is not None:
                 extra = [i for i in acct if (i.array_job_id or i.job_id) in ask]
         known = {i.array_job_id or i.job_id for i in extra}
@@ -261,8 +293,14 @@ def _dedupe(infos: list[JobInfo]) -> list[JobInfo]:
 
 def local_status(m: Manifest, transport: Optional[Transport] = None) -> RunStatus:
     """A local-executor run from its local-state.json; read over the transport when the run lives on another host
-    (a run directory adopted with `status DIR --host H`), where its process ids mean nothing here."""
-    from .executors.local import STATE_FILE, LocalState, pid_alive, read_state
+    (a run directory adopted with `status DIR --host H`), where its process ids mean nothing here.
+
+    On the host that ran it, the record is checked against the processes: while the runner (its
+    pid with the recorded start time and boot id) lives, the record stands. Once it is gone, a job
+    recorded RUNNING whose process group still runs is RUNNING (orphaned); one that is gone too is
+    FAILED (or what its own end marker in <run_dir>/jobs/ says), never CANCELLED: nobody cancelled
+    it. Jobs that never started are CANCELLED ("not started: the local runner is gone")."""
+    from .executors.local import (ORPHANED, STATE_FILE, LocalState, job_alive, read_state, runner_alive)
 
     run = RunStatus(m.run_id, m.name, m.executor, m.transport.host, run_dir=m.run_dir)
     remote = transport is not None and transport.kind != "local"
@@ -278,19 +316,25 @@ def local_status(m: Manifest, transport: Optional[Transport] = None) -> RunStatu
 
     # Process ids only mean something on the host that ran the chain; elsewhere trust the record.
     elsewhere = state is not None and (remote or state.host != socket.gethostname())
-    runner_alive = state is not None and (elsewhere or pid_alive(state.runner_pid, state.runner_start))
+    alive = state is not None and (elsewhere or runner_alive(state))
     now = time.time()
+    files = transport if transport is not None else None
     for rec in m.stages:
         tasks = [t for t in (state.tasks if state else []) if t.stage == rec.name]
         infos = []
         for t in tasks:
-            st_name, reason = t.state, t.reason
-            if st_name in ("RUNNING", "PENDING") and not runner_alive:
-                st_name, reason = "CANCELLED", "the local runner is gone (killed?)"
+            st_name, reason, code, end = t.state, t.reason, t.exit_code, t.end
+            if state is not None and st_name in ("RUNNING", "PENDING") and not alive:
+                if st_name == "PENDING":
+                    st_name, reason = "CANCELLED", "not started: the local runner is gone (killed?)"
+                elif job_alive(t, state):
+                    reason = ORPHANED.format(run=m.run_id)
+                else:
+                    st_name, reason, code, end = _gone_job(files, m.run_dir, t.key)
             infos.append(JobInfo(job_id=t.key, array_job_id=t.job_id if t.task is not None else None,
                                  array_task_id=t.task, array_tasks_pending=None, name=rec.job_name, state=st_name,
-                                 flags=(), reason=reason, exit_code=t.exit_code, signal=None, start=t.start,
-                                 end=t.end, elapsed_s=int(t.end - t.start) if t.end and t.start else None,
+                                 flags=(), reason=reason, exit_code=code, signal=None, start=t.start,
+                                 end=end, elapsed_s=int(end - t.start) if end and t.start else None,
                                  nodes=state.host if (state and t.start) else None, restarts=0, source="local"))
         if not infos:
             run.stages.append(StageStatus(rec.name, list(rec.job_ids), "PENDING", "not started", None, None, None, 0))
@@ -299,6 +343,24 @@ def local_status(m: Manifest, transport: Optional[Transport] = None) -> RunStatu
         run.stages.append(StageStatus(rec.name, list(rec.job_ids), s, reason, code, elapsed, nodes, restarts))
     _explain_dependencies(run, m)
     return run
+
+
+def _gone_job(t: Optional[Transport], run_dir: str, key: str) -> tuple[str, Optional[str], Optional[int],
+                                                                         Optional[float]]:
+    """A job recorded RUNNING whose runner and processes are both gone: what its own end marker
+    says, else FAILED without an exit code."""
+    from .transport.local import LocalTransport
+
+    marker = read_marker(t or LocalTransport(), run_dir, key)
+    gone = "the local runner died (killed?)"
+    if marker is None or marker.end is None:
+        return "FAILED", f"{gone} and the job is gone too; it recorded no end", None, None
+    if marker.state == "COMPLETED":
+        return "COMPLETED", None, 0, marker.end
+    if marker.state == "CANCELLED":  # ended by a signal: the supervisor stops a job whose runner died
+        sig = (marker.reason or "").split(" (")[0].replace("ended by ", "") or "a signal"
+        return "FAILED", f"{gone}; the job was stopped by {sig}", None, marker.end
+    return "FAILED", f"NonZeroExitCode, after {gone}", marker.exit_code, marker.end
 
 
 def format_table(runs: list[RunStatus]) -> str:
@@ -310,6 +372,9 @@ def format_table(runs: list[RunStatus]) -> str:
             seen = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.stale_as_of)) if run.stale_as_of else "never"
             lines.append(f"run {run.run_id}  ({run.executor} on {run.host})  STALE: {run.host} is unreachable; "
                          f"last status seen here at {seen}")
+        elif run.slurm_error is not None:
+            lines.append(f"run {run.run_id}  ({run.executor} on {run.host})  UNKNOWN: Slurm did not answer: "
+                         f"{run.slurm_error}")
         else:
             lines.append(f"run {run.run_id}  ({run.executor} on {run.host})")
         lines.append(f"  {'STAGE':<16} {'JOB':<12} {'STATE':<12} {'ELAPSED':>10} {'EXIT':>4} {'RESTARTS':>8}  "
@@ -317,7 +382,10 @@ def format_table(runs: list[RunStatus]) -> str:
         for s in run.stages:
             elapsed = format_time(s.elapsed_s) if s.elapsed_s is not None else "-"
             code = "-" if s.exit_code is None else str(s.exit_code)
+            reason = s.reason or ""
+            if run.slurm_error is not None and reason == f"Slurm did not answer: {run.slurm_error}":
+                reason = "Slurm did not answer (above)"
             lines.append(f"  {s.name:<16} {','.join(s.job_ids) or '-':<12} {s.state:<12} {elapsed:>10} {code:>4} "
-                         f"{s.restarts:>8}  {s.nodes or '-':<14} {s.reason or ''}".rstrip())
+                         f"{s.restarts:>8}  {s.nodes or '-':<14} {reason}".rstrip())
         lines.append("")
     return "\n".join(lines).rstrip("\n") + "\n" if lines else "no runs\n"

@@ -10,6 +10,11 @@ The transport decides where: this machine, or a login node over SSH, where the r
 directory is written over SFTP and sbatch runs remotely (a local mirror of the record is
 kept beside the index: runs/mirror.py). Defaults from clusters.yaml that filled fields the
 spec left unset are recorded in the manifest (`defaults`) and re-applied by resubmit.
+
+One run per workdir: submit takes the workdir lock (runs/workdir_lock.py) before it writes or
+queues anything, so a second submit into the same workdir is refused up front, naming the run
+that holds it. For Slurm runs each job id is written into the lock as its sbatch returns, and the
+chain's jobs hold it from then on; a submission that was rolled back releases it.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from .interrupts import signals_interrupt
 from .plan import Plan, StagePlan, build_plan
 from .render import render_plan
 from .runs.index import RunIndex, entry_for
+from .runs.workdir_lock import WorkdirLock
 from .runs.manifest import (Attempt, ClusterRecord, DefaultsRecord, DependencyRecord, Manifest, SpecRecord, StageRecord,
                             TransportRecord, current_user, load_manifest, locked_manifest, save_manifest)
 from .slurm.client import SlurmCLI
@@ -180,12 +186,16 @@ def new_manifest(t: Transport, prep: Prepared, executor: str, cluster: ClusterRe
 
 
 def submit_stages(sched: SlurmCLI, manifest: Manifest, stages: list[StagePlan], known: dict[str, list[str]],
-                  echo: Echo, replaces: Optional[dict[str, list[str]]] = None) -> list[str]:
+                  echo: Echo, replaces: Optional[dict[str, list[str]]] = None,
+                  on_job: Optional[Callable[[list[str]], None]] = None,
+                  rolled_back: Optional[list[bool]] = None) -> list[str]:
     """Submit stages held, in order, then release them; on any failure cancel what this call queued.
 
     The manifest is saved after every sbatch, so no job id is ever lost. Jobs whose
     dependencies are all inside this submission are released first and the roots last, so
-    a failing release never lets a root start ahead of the rollback.
+    a failing release never lets a root start ahead of the rollback. on_job(ids so far) after
+    each sbatch (the workdir lock records them); rolled_back gets True when a failure's rollback
+    cancelled everything this call queued.
     """
     submitted: list[str] = []
     roots: list[str] = []
@@ -207,11 +217,15 @@ def submit_stages(sched: SlurmCLI, manifest: Manifest, stages: list[StagePlan], 
                 rec.depends_on = [DependencyRecord(stage=d.stage, type=d.type, job_ids=job_ids.get(d.stage, []))
                                   for d in st.depends_on]
                 save_manifest(sched.t, manifest)
+                if on_job is not None:
+                    on_job(list(submitted))
             current = None
             sched.release([j for j in submitted if j not in roots])
             sched.release(roots)
         except BaseException as exc:  # noqa: BLE001 - every failure rolls back, then is reported
-            note = _rollback(sched, submitted, current.job_name if current else None)
+            note, ok = _rollback(sched, submitted, current.job_name if current else None)
+            if rolled_back is not None:
+                rolled_back.append(ok)
             where = f"stage {current.name}" if current else "releasing the held jobs"
             manifest.state = "failed"
             manifest.event("submit-failed", stage=current.name if current else "release", error=str(exc),
@@ -228,8 +242,9 @@ def submit_stages(sched: SlurmCLI, manifest: Manifest, stages: list[StagePlan], 
     return submitted
 
 
-def _rollback(sched: SlurmCLI, submitted: list[str], uncertain_name: Optional[str]) -> str:
-    """Cancel the held jobs; also any job the interrupted sbatch may have queued (by its unique name)."""
+def _rollback(sched: SlurmCLI, submitted: list[str], uncertain_name: Optional[str]) -> tuple[str, bool]:
+    """Cancel the held jobs; also any job the interrupted sbatch may have queued (by its unique name).
+    (note for the user, whether everything was cancelled)."""
     problems = []
     if submitted:
         try:
@@ -242,26 +257,44 @@ def _rollback(sched: SlurmCLI, submitted: list[str], uncertain_name: Optional[st
         except Exception as exc:  # noqa: BLE001
             problems.append(f"could not check for a job named {uncertain_name}: {exc}")
     if problems:
-        return "\n".join(problems)
+        return "\n".join(problems), False
     if not submitted:
-        return "nothing had been queued."
-    return f"cancelled the {len(submitted)} held job(s) already queued ({', '.join(submitted)}); none of them ran."
+        return "nothing had been queued.", True
+    return (f"cancelled the {len(submitted)} held job(s) already queued ({', '.join(submitted)}); none of them ran.",
+            True)
 
 
-def submit_slurm(t: Transport, prep: Prepared, index: RunIndex, echo: Echo) -> Manifest:
+def take_workdir(t: Transport, prep: Prepared, echo: Echo, force: bool = False) -> WorkdirLock:
+    """The workdir lock for this run, before anything is written (WorkdirBusy names the holder)."""
+    lock = WorkdirLock(t, prep.loaded.spec.run.workdir, prep.plan.run_id)
+    note = lock.acquire(force=force)
+    if note:
+        echo(note)
+    return lock
+
+
+def submit_slurm(t: Transport, prep: Prepared, index: RunIndex, echo: Echo, force: bool = False) -> Manifest:
     sched = SlurmCLI(t)
     info = sched.cluster_info()
     cluster = ClusterRecord(name=info.name, slurm_version=info.slurm_version, accounting=info.accounting,
                             jobcomp_type=info.jobcomp_type, jobcomp_loc=info.jobcomp_loc)
     wheels = code_to_ship(prep)  # a bad run.ship_wheels stops here, before anything is written
-    write_run_dir(t, prep, new=True)
-    shipped = ship_code(t, prep, wheels)
-    manifest = new_manifest(t, prep, "slurm", cluster)
-    manifest.shipped = shipped
-    save_manifest(t, manifest)
-    index.add(entry_for(manifest.run_id, manifest.name, manifest.created_at, "slurm", t.kind, t.host,
-                        manifest.run_dir, manifest.spec.source, cluster=prep.defaults.cluster))
-    submit_stages(sched, manifest, list(prep.plan.stages), {}, echo)
+    lock = take_workdir(t, prep, echo, force)
+    rolled_back: list[bool] = []
+    try:
+        write_run_dir(t, prep, new=True)
+        shipped = ship_code(t, prep, wheels)
+        manifest = new_manifest(t, prep, "slurm", cluster)
+        manifest.shipped = shipped
+        save_manifest(t, manifest)
+        index.add(entry_for(manifest.run_id, manifest.name, manifest.created_at, "slurm", t.kind, t.host,
+                            manifest.run_dir, manifest.spec.source, cluster=prep.defaults.cluster))
+        submit_stages(sched, manifest, list(prep.plan.stages), {}, echo, on_job=lock.record_jobs,
+                      rolled_back=rolled_back)
+    except BaseException:
+        if all(rolled_back):  # nothing of this run is queued any more: the workdir is free again
+            lock.release()
+        raise
     manifest.state = "submitted"
     manifest.event("submit", stages=manifest.stage_names())
     save_manifest(t, manifest)
@@ -295,7 +328,7 @@ def stages_from(manifest: Manifest, stage: str) -> list[str]:
 
 
 def resubmit_slurm(t: Transport, run_dir: str, stage: str, state_of: Callable[[str], Optional[str]],
-                   echo: Echo) -> Manifest:
+                   echo: Echo, force: bool = False) -> Manifest:
     """Re-render from the run's own spec.yaml and resubmit STAGE and every stage after it, same run id.
 
     state_of(stage) is the current state of a stage (from status). Upstream stages outside
@@ -303,6 +336,9 @@ def resubmit_slurm(t: Transport, run_dir: str, stage: str, state_of: Callable[[s
     stays one, a failed one refuses the resubmit. The new jobs are queued held, each with
     afterany on the job it replaces, released, and only then are the old jobs cancelled: a
     failed resubmit leaves the old jobs as they were, and old and new never run at once.
+
+    The workdir lock: one held by this run's own jobs is taken over, and the new job ids join
+    the ones still active; another run's live hold refuses the resubmit (WorkdirBusy).
     """
     manifest = load_manifest(t, run_dir)
     if manifest.executor != "slurm":
@@ -330,23 +366,35 @@ def resubmit_slurm(t: Transport, run_dir: str, stage: str, state_of: Callable[[s
     active_old = {n: manifest.stage(n).job_ids for n in names if state_of(n) in ACTIVE}
     sched = SlurmCLI(t)
     wheels = code_to_ship(prep)
-    write_run_dir(t, prep)
-    shipped = ship_code(t, prep, wheels)
-    with locked_manifest(t, run_dir) as manifest:
-        manifest.shipped = shipped
-        now = round(time.time(), 3)
-        for n in names:
-            rec = manifest.stage(n)
-            if rec.job_ids:
-                rec.previous.append(Attempt(job_ids=rec.job_ids, submitted_at=rec.submitted_at or now,
-                                            replaced_at=now, reason=f"resubmit --from {stage}"))
-            rec.job_ids = []
-        submit_stages(sched, manifest, [st for st in prep.plan.stages if st.name in names], known, echo,
-                      replaces=active_old)
-        old = [j for ids in active_old.values() for j in ids]
-        sched.cancel(old)
-        manifest.state = "submitted"
-        manifest.event("resubmit", from_stage=stage, stages=names, cancelled=old)
+    lock = WorkdirLock(t, loaded.spec.run.workdir, manifest.run_id)
+    note = lock.acquire(force=force, same_run=True)
+    if note:
+        echo(note)
+    still = [j for ids in [*known.values(), *active_old.values()] for j in ids]
+    rolled_back: list[bool] = []
+    try:
+        write_run_dir(t, prep)
+        shipped = ship_code(t, prep, wheels)
+        with locked_manifest(t, run_dir) as manifest:
+            manifest.shipped = shipped
+            now = round(time.time(), 3)
+            for n in names:
+                rec = manifest.stage(n)
+                if rec.job_ids:
+                    rec.previous.append(Attempt(job_ids=rec.job_ids, submitted_at=rec.submitted_at or now,
+                                                replaced_at=now, reason=f"resubmit --from {stage}"))
+                rec.job_ids = []
+            submit_stages(sched, manifest, [st for st in prep.plan.stages if st.name in names], known, echo,
+                          replaces=active_old, on_job=lambda ids: lock.record_jobs([*still, *ids]),
+                          rolled_back=rolled_back)
+            old = [j for ids in active_old.values() for j in ids]
+            sched.cancel(old)
+            manifest.state = "submitted"
+            manifest.event("resubmit", from_stage=stage, stages=names, cancelled=old)
+    except BaseException:
+        if all(rolled_back) and not still:  # none of this run's jobs is queued: the workdir is free again
+            lock.release()
+        raise
     return manifest
 
 

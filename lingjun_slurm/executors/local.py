@@ -10,13 +10,20 @@ every job's state in local-state.json (read by status, logs and cancel).
     python3 -m lingjun_slurm.executors.local RUN_DIR     # what `submit --detach` starts
 
 A failing job stops its dependents (CANCELLED, reason DependencyNeverSatisfied).
-SIGTERM or SIGINT (Ctrl-C) cancels the run: running tasks get SIGTERM, then SIGKILL.
+SIGTERM, SIGINT (Ctrl-C) or SIGHUP (a closed terminal) cancels the run: running tasks get SIGTERM,
+then SIGKILL. Every job runs under a supervisor (supervise.py) in its own process group, and that
+group is stopped when the runner dies, even by SIGKILL. A full disk (ENOSPC, EDQUOT) ends a job, or
+the runner itself when it cannot write its state, as FAILED "no space left on <mount>"; a reserve
+file beside the state keeps room for that last record. The runner holds the workdir lock
+(runs/workdir_lock.py) while the chain runs.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -32,9 +39,14 @@ from ..runs.manifest import Manifest, StageRecord, load_manifest
 from ..transport.local import LocalTransport
 
 STATE_FILE = "local-state.json"
+# Room kept on the run directory's filesystem for the runner's last record when the disk fills up.
+RESERVE_FILE = ".local-state.reserve"
+RESERVE_BYTES = 256 << 10
 STATE_SCHEMA = 1
 KILL_GRACE_S = float(os.environ.get("LINGJUN_LOCAL_KILL_GRACE_S", "10"))
 DONE = ("COMPLETED", "FAILED", "CANCELLED")
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+ORPHANED = "orphaned: the local runner is gone but the job still runs; `lingjun-slurm cancel {run}` stops it"
 
 
 @dataclass
@@ -61,6 +73,8 @@ class LocalState:
     runner_start: Optional[int] = None
     tasks: list[TaskState] = field(default_factory=list)
     finished: bool = False
+    boot_id: str = ""             # pids and start times only mean something within this boot
+    error: Optional[str] = None   # why the runner stopped the run itself (a full disk)
 
     def to_json(self) -> str:
         return json.dumps({"schema": STATE_SCHEMA, **asdict(self)}, indent=1) + "\n"
@@ -68,9 +82,11 @@ class LocalState:
     @staticmethod
     def from_json(text: str) -> "LocalState":
         data = json.loads(text)
-        tasks = [TaskState(**t) for t in data.get("tasks", [])]
+        known = TaskState.__dataclass_fields__
+        tasks = [TaskState(**{k: v for k, v in t.items() if k in known}) for t in data.get("tasks", [])]
         return LocalState(run_id=data["run_id"], runner_pid=data.get("runner_pid"), host=data.get("host", ""),
-                          runner_start=data.get("runner_start"), tasks=tasks, finished=bool(data.get("finished")))
+                          runner_start=data.get("runner_start"), tasks=tasks, finished=bool(data.get("finished")),
+                          boot_id=str(data.get("boot_id") or ""), error=data.get("error"))
 
 
 def read_state(run_dir: str) -> Optional[LocalState]:
@@ -82,8 +98,9 @@ def read_state(run_dir: str) -> Optional[LocalState]:
 
 class LocalRunner:
     def __init__(self, run_dir: str, echo: Callable[[str], None] = print, max_parallel: Optional[int] = None,
-                 keep: frozenset[str] = frozenset()) -> None:
-        """keep: stages whose recorded outcome stands (resubmit --from a later stage)."""
+                 keep: frozenset[str] = frozenset(), lock: bool = True) -> None:
+        """keep: stages whose recorded outcome stands (resubmit --from a later stage).
+        lock: hold the workdir lock while the chain runs (runs/workdir_lock.py)."""
         self.keep = keep
         self.run_dir = run_dir
         self.fs = LocalTransport()
@@ -91,12 +108,22 @@ class LocalRunner:
         # Each stage script is read once: its #SBATCH lines give the log pattern, tasks and CPUs.
         self.scripts = {rec.name: Path(run_dir, rec.script).read_text(encoding="utf-8")
                         for rec in self.manifest.stages}
-        self.echo = echo
+        self._echo = echo
         self.max_parallel = max_parallel or os.cpu_count() or 1
         self.host = socket.gethostname()
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.cancelled = False
-        self.state = LocalState(self.manifest.run_id, os.getpid(), self.host, proc_start(os.getpid()), self._tasks())
+        self.failure: Optional[str] = None  # the run stopped itself: why (a full disk)
+        self.use_lock = lock
+        self.state = LocalState(self.manifest.run_id, os.getpid(), self.host, proc_start(os.getpid()), self._tasks(),
+                                boot_id=boot_id())
+
+    def echo(self, line: str) -> None:
+        """Print a state change; a terminal that went away (SIGHUP) never stops the runner."""
+        try:
+            self._echo(line)
+        except (OSError, ValueError):
+            self._echo = _silent
 
     # --- setup ------------------------------------------------------------------------------
     def _tasks(self) -> list[TaskState]:
@@ -116,7 +143,24 @@ class LocalRunner:
         return tasks
 
     def _save(self) -> None:
-        self.fs.write_atomic(f"{self.run_dir}/{STATE_FILE}", self.state.to_json())
+        """Write local-state.json (temporary file, fsync, rename); OSError as it comes."""
+        write_state(self.run_dir, self.state.to_json())
+
+    def _reserve(self) -> None:
+        """Keep RESERVE_BYTES on the run directory's filesystem for the last record (see _disk_full)."""
+        path = os.path.join(self.run_dir, RESERVE_FILE)
+        if os.path.exists(path) and os.path.getsize(path) >= RESERVE_BYTES:
+            return
+        with open(path, "wb") as f:
+            f.write(b"\0" * RESERVE_BYTES)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _free_reserve(self) -> None:
+        try:
+            os.unlink(os.path.join(self.run_dir, RESERVE_FILE))
+        except OSError:
+            pass
 
     # --- scheduling -------------------------------------------------------------------------
     def _stage_state(self, name: str) -> str:
@@ -169,38 +213,90 @@ class LocalRunner:
         return env
 
     def _start(self, rec: StageRecord, task: TaskState) -> None:
-        Path(task.log).parent.mkdir(parents=True, exist_ok=True)
-        with open(task.log, "ab") as log:
-            proc = subprocess.Popen(["bash", f"{self.run_dir}/{rec.script}"], cwd=self.run_dir,
-                                    env=self._env(rec, task), stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+        """Start a job under its supervisor, which leads the job's own session and process group.
+
+        Called only from the thread that runs run(): PR_SET_PDEATHSIG fires when the thread that
+        forked the supervisor ends (prctl(2)), and that thread lives until every job has ended."""
+        what = f"task {task.task}" if task.task is not None else f"job {task.job_id}"
+        argv = [sys.executable, "-m", "lingjun_slurm.executors.supervise", "--parent", str(os.getpid()),
+                "--grace", f"{KILL_GRACE_S:g}", "--", "bash", f"{self.run_dir}/{rec.script}"]
+        try:
+            Path(task.log).parent.mkdir(parents=True, exist_ok=True)
+            with open(task.log, "ab") as log:
+                proc = subprocess.Popen(argv, cwd=self.run_dir, env=self._env(rec, task), stdin=subprocess.DEVNULL,
+                                        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as exc:
+            task.state, task.end, task.start = "FAILED", round(time.time(), 3), round(time.time(), 3)
+            task.reason = no_space_reason(exc.filename or task.log, exc.errno) or f"could not start: {exc}"
+            self.echo(f"{_clock()} {rec.name:<14} FAILED     {what} ({task.reason})")
+            return
         self.procs[task.key] = proc
         task.state, task.reason, task.pid, task.start = "RUNNING", None, proc.pid, round(time.time(), 3)
         task.pid_start = proc_start(proc.pid)
-        what = f"task {task.task}" if task.task is not None else f"job {task.job_id}"
         self.echo(f"{_clock()} {rec.name:<14} RUNNING    {what} (pid {proc.pid}) -> {task.log}")
 
-    def _finish(self, task: TaskState, rc: int) -> None:
+    def _finish(self, task: TaskState, rc: int, failed: Optional[str] = None) -> None:
+        """failed: the run stopped itself for this reason (the job is FAILED, not CANCELLED)."""
         task.end = round(time.time(), 3)
         task.exit_code = 128 - rc if rc < 0 else rc
         task.pid = None
-        if self.cancelled:
+        if failed is not None:
+            task.state, task.reason = "FAILED", failed
+        elif self.cancelled:
             task.state, task.reason = "CANCELLED", "cancelled"
         elif rc == 0:
             task.state = "COMPLETED"
         else:
-            task.state, task.reason = "FAILED", "NonZeroExitCode"
+            task.state = "FAILED"
+            task.reason = self._why_failed(task) or "NonZeroExitCode"
         tail = f" (exit {task.exit_code})" if task.state != "COMPLETED" else ""
+        if task.state == "FAILED" and task.reason != "NonZeroExitCode":
+            tail += f": {task.reason}"
         what = f"task {task.task}" if task.task is not None else f"job {task.job_id}"
         self.echo(f"{_clock()} {task.stage:<14} {task.state:<10} {what}{tail}")
+
+    def _why_failed(self, task: TaskState) -> Optional[str]:
+        """A full disk behind a failed job: its log says so (with the path, where the program gave
+        one: cp does, `head > file` and Python's write() do not), or one of the filesystems the job
+        writes to is full now."""
+        found = no_space_in_log(task.log)
+        if found is not None and found[1]:
+            return no_space_reason(found[1], found[0])
+        full = self._full_filesystems(task.stage)
+        if found is not None:
+            what = "no space left on" if found[0] == errno.ENOSPC else "disk quota exceeded on"
+            return f"{what} {full[0]}" if full else f"{what} device (see {task.log})"
+        if full:
+            return f"no space left on {full[0]} (full when the job failed)"
+        return None
+
+    def _full_filesystems(self, stage: str) -> list[str]:
+        """Mount points, among the filesystems of the run directory, the job's log and the paths its
+        script and plan.json name, that have no block left."""
+        try:
+            plan = Path(self.run_dir, "plan.json").read_text(encoding="utf-8")
+        except OSError:
+            plan = ""
+        log = next((t.log for t in self.state.tasks if t.stage == stage), "")
+        paths = [self.run_dir, os.path.dirname(log) if log else self.run_dir]
+        paths += _PATH_RE.findall(self.scripts.get(stage, "") + "\n" + plan)
+        mounts: list[str] = []
+        for path in paths:
+            if path.startswith(("/dev", "/proc", "/sys")):
+                continue
+            mount = mount_point(path)
+            if mount not in mounts:
+                mounts.append(mount)
+        return [m for m in mounts if full_filesystem(m)]
 
     def _on_signal(self, signum: int, _frame: Optional[FrameType]) -> None:
         if not self.cancelled:
             self.echo(f"{_clock()} {signal.Signals(signum).name}: cancelling run {self.manifest.run_id}")
         self.cancelled = True
 
-    def _cancel_all(self) -> None:
-        """SIGTERM to every running job's process group, SIGKILL after KILL_GRACE_S."""
+    def _cancel_all(self, failed: Optional[str] = None) -> None:
+        """SIGTERM to every running job's process group, SIGKILL after KILL_GRACE_S.
+        failed: the run is stopping itself for this reason; running jobs end FAILED with it."""
         for proc in self.procs.values():
             _killpg(proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + KILL_GRACE_S
@@ -210,24 +306,69 @@ class LocalRunner:
             _killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         for key, proc in list(self.procs.items()):
-            self._finish(self._task(key), proc.returncode)
+            self._finish(self._task(key), proc.returncode, failed)
             del self.procs[key]
         for t in self.state.tasks:
             if t.state == "PENDING":
-                t.state, t.reason = "CANCELLED", "cancelled"
+                t.state, t.reason = "CANCELLED", (f"not started: {failed}" if failed else "cancelled")
 
     def _task(self, key: str) -> TaskState:
         return next(t for t in self.state.tasks if t.key == key)
 
-    def run(self) -> int:
-        """Run the chain to the end; 0 when every job completed, else 1."""
-        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    def _disk_full(self, exc: OSError) -> None:
+        """The runner cannot write its own state: stop every job (they could not be followed), then
+        record FAILED in the room the reserve file kept."""
+        where = exc.filename if isinstance(exc.filename, str) else self.run_dir
+        self.failure = (no_space_reason(where, exc.errno) or f"no space left on {mount_point(self.run_dir)}")
+        self.failure += f" (the local runner could not write {STATE_FILE})"
+        self.echo(f"{_clock()} {self.failure}: stopping run {self.manifest.run_id}")
+        self.state.error = self.failure
+        self._cancel_all(self.failure)
+
+    def _final_save(self) -> None:
+        """The last record, whatever the disk: without the reserve, in place as a last resort."""
         try:
             self._save()
-            while not self.cancelled:
+            return
+        except OSError as exc:
+            if exc.errno not in NO_SPACE:
+                raise
+        self._free_reserve()
+        try:
+            self._save()
+        except OSError as exc:
+            if exc.errno not in NO_SPACE:
+                raise
+            with open(os.path.join(self.run_dir, STATE_FILE), "r+", encoding="utf-8") as f:
+                f.truncate(0)  # frees the old blocks for the new text, which is about as long
+                f.write(self.state.to_json())
+
+    def run(self) -> int:
+        """Run the chain to the end; 0 when every job completed, else 1."""
+        lock = None
+        if self.use_lock:
+            from ..runs.workdir_lock import runner_lock
+
+            lock = runner_lock(self.run_dir, self.manifest.run_id)
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+        try:
+            try:
+                self._reserve()
+                self._save()
+            except OSError as exc:
+                if exc.errno not in NO_SPACE:
+                    raise
+                self._disk_full(exc)
+            while not self.cancelled and self.failure is None:
                 changed = self._reap() | self._schedule()
                 if changed:
-                    self._save()
+                    try:
+                        self._save()
+                    except OSError as exc:
+                        if exc.errno not in NO_SPACE:
+                            raise
+                        self._disk_full(exc)
+                        break
                 if not self.procs and all(t.state != "PENDING" for t in self.state.tasks):
                     break
                 time.sleep(0.05)
@@ -242,7 +383,12 @@ class LocalRunner:
                 signal.signal(s, handler)
             self.state.finished = True
             self.state.runner_pid = None
-            self._save()
+            try:
+                self._final_save()
+            finally:
+                self._free_reserve()
+                if lock is not None:
+                    lock.release()
         ok = all(t.state == "COMPLETED" for t in self.state.tasks)
         return 0 if ok else 1
 
@@ -282,6 +428,92 @@ class LocalRunner:
         return changed
 
 
+def _silent(_line: str) -> None:
+    pass
+
+
+def write_state(run_dir: str, text: str) -> None:
+    """<run_dir>/local-state.json via a temporary file, fsync and rename; OSError as it comes."""
+    path = os.path.join(run_dir, STATE_FILE)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+# --- a full disk ----------------------------------------------------------------------------
+# The messages programs print for ENOSPC / EDQUOT (strerror: "No space left on device", "Disk
+# quota exceeded"), with the path where they give one: Python's OSError ("[Errno 28] No space
+# left on device: '/w/x'"), coreutils ("cp: error writing '/w/x': No space left on device"),
+# bash redirections ("bash: line 1: /w/x: No space left on device").
+_NO_SPACE_RE = re.compile(
+    r"(?:\[Errno (?:28|122)\] (?P<what1>No space left on device|Disk quota exceeded): '(?P<p1>[^']+)')"
+    r"|(?:'(?P<p2>/[^']+)'[^\n']*?: (?P<what2>No space left on device|Disk quota exceeded))"
+    r"|(?:(?P<p3>/[^\s:']+): (?P<what3>No space left on device|Disk quota exceeded))"
+    r"|(?P<what4>No space left on device|Disk quota exceeded)")
+LOG_TAIL = 64 << 10
+_PATH_RE = re.compile(r"(?<![\w.$-])/[\w.+-]+(?:/[\w.+-]+)*")
+
+
+def mount_point(path: str) -> str:
+    """The mount point of the filesystem that holds path (or would hold it)."""
+    p = os.path.abspath(path)
+    while not os.path.exists(p) and p != os.path.dirname(p):
+        p = os.path.dirname(p)
+    while not os.path.ismount(p):
+        p = os.path.dirname(p)
+    return p
+
+
+def no_space_reason(path: Optional[str], err: Optional[int]) -> Optional[str]:
+    """"no space left on <mount> (writing <path>)" for ENOSPC, "disk quota exceeded on ..." for EDQUOT."""
+    if err not in NO_SPACE:
+        return None
+    what = "no space left on" if err == errno.ENOSPC else "disk quota exceeded on"
+    if not path:
+        return f"{what} device"
+    mount = mount_point(str(path))
+    return f"{what} {mount}" + (f" (writing {path})" if os.path.abspath(str(path)) != mount else "")
+
+
+def no_space_in_log(log: str) -> Optional[tuple[int, Optional[str]]]:
+    """(ENOSPC or EDQUOT, the path if the message names one) of the last such message in the tail of
+    a job's log; None when there is none."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, os.path.getsize(log) - LOG_TAIL))
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    found = list(_NO_SPACE_RE.finditer(text))
+    if not found:
+        return None
+    m = found[-1]
+    path = m.group("p1") or m.group("p2") or m.group("p3")
+    what = m.group("what1") or m.group("what2") or m.group("what3") or m.group("what4")
+    return (errno.ENOSPC if what.startswith("No space") else errno.EDQUOT), path
+
+
+def full_filesystem(path: str) -> Optional[str]:
+    """The mount point when the filesystem holding path has no block left (for this user)."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    free = st.f_bfree if os.geteuid() == 0 else st.f_bavail
+    return mount_point(path) if st.f_blocks and free == 0 else None
+
+
+# --- processes --------------------------------------------------------------------------------
 def _killpg(pid: int, sig: int) -> None:
     try:
         os.killpg(pid, sig)
@@ -293,8 +525,16 @@ def _clock() -> str:
     return time.strftime("%H:%M:%S")
 
 
+def boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
 def proc_start(pid: Optional[int]) -> Optional[int]:
-    """The start time of a process (clock ticks since boot, /proc/PID/stat field 22), or None."""
+    """The start time of a live process (clock ticks since boot, /proc/PID/stat field 22), or None
+    (no such process, or a zombie: it has exited)."""
     if not pid:
         return None
     try:
@@ -302,6 +542,8 @@ def proc_start(pid: Optional[int]) -> Optional[int]:
     except OSError:
         return None
     fields = stat[stat.rindex(")") + 2:].split()
+    if fields and fields[0] in ("Z", "X"):
+        return None
     return int(fields[19]) if len(fields) > 19 else None
 
 
@@ -328,9 +570,39 @@ def group_alive(pgid: int) -> bool:
         except OSError:
             continue
         fields = stat[stat.rindex(")") + 2:].split()
-        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
             return True
     return False
+
+
+def same_boot(state: LocalState) -> bool:
+    return not state.boot_id or state.boot_id == boot_id()
+
+
+def runner_alive(state: LocalState) -> bool:
+    """The recorded runner process is running (same pid, start time and boot)."""
+    return not state.finished and same_boot(state) and pid_alive(state.runner_pid, state.runner_start)
+
+
+def job_alive(task: TaskState, state: LocalState) -> bool:
+    """Does the job's process group still run? Its leader (the supervisor) is the recorded pid with
+    its start time; once the leader is gone its pid cannot be reused while members of its group
+    live (the kernel keeps a pid that is some group's id), so a group without a process of that
+    pid is still the job's own."""
+    if not task.pid or not same_boot(state):
+        return False
+    start = proc_start(task.pid)
+    if start is not None:
+        return task.pid_start is None or start == task.pid_start
+    return group_alive(task.pid)
+
+
+def live_orphans(run_dir: str) -> list[tuple[str, int]]:
+    """(stage, pid) of jobs that run although the run's runner is gone (on this host)."""
+    state = read_state(run_dir)
+    if state is None or state.host != socket.gethostname() or runner_alive(state):
+        return []
+    return [(t.stage, t.pid) for t in state.tasks if t.state == "RUNNING" and t.pid and job_alive(t, state)]
 
 
 def cancel_local(run_dir: str, timeout: float = KILL_GRACE_S + 5) -> list[str]:
@@ -344,33 +616,42 @@ def cancel_local(run_dir: str, timeout: float = KILL_GRACE_S + 5) -> list[str]:
 
         raise UsageError(f"run {state.run_id} runs on host {state.host}; cancel it there (this is {here})")
     done: list[str] = []
-    if pid_alive(state.runner_pid, state.runner_start):
+    if runner_alive(state):
         os.kill(state.runner_pid or 0, signal.SIGTERM)
         done.append(f"runner pid {state.runner_pid}")
         deadline = time.monotonic() + timeout
-        while pid_alive(state.runner_pid, state.runner_start) and time.monotonic() < deadline:
+        while runner_alive(state) and time.monotonic() < deadline:
             time.sleep(0.1)
-        if not pid_alive(state.runner_pid, state.runner_start):
+        if not runner_alive(state):
             return done
     # The runner is gone (killed?) or stuck: stop its jobs' process groups directly.
     for task in state.tasks:
-        if task.state == "RUNNING" and task.pid and pid_alive(task.pid, task.pid_start):
-            _killpg(task.pid, signal.SIGTERM)
+        if task.state == "RUNNING" and job_alive(task, state):
+            pgid = task.pid or 0
+            _killpg(pgid, signal.SIGTERM)
             deadline = time.monotonic() + KILL_GRACE_S
-            while group_alive(task.pid) and time.monotonic() < deadline:
+            while group_alive(pgid) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            _killpg(task.pid, signal.SIGKILL)
+            _killpg(pgid, signal.SIGKILL)
             done.append(f"{task.stage} pid {task.pid}")
         if task.state in ("RUNNING", "PENDING"):
             task.state, task.reason, task.pid = "CANCELLED", "cancelled", None
+            task.end = task.end or round(time.time(), 3)
     state.runner_pid = None
     state.finished = True
-    LocalTransport().write_atomic(f"{run_dir}/{STATE_FILE}", state.to_json())
+    try:
+        write_state(run_dir, state.to_json())
+    except OSError as exc:
+        from ..errors import TransportError
+
+        raise TransportError(f"stopped {', '.join(done) or 'nothing'}, but cannot record it in "
+                             f"{run_dir}/{STATE_FILE}: {no_space_reason(run_dir, exc.errno) or exc.strerror}") from exc
     return done
 
 
 def detach(run_dir: str) -> int:
-    """Start the runner in its own session, in the background; returns its pid."""
+    """Start the runner in its own session, in the background; returns its pid. It takes the workdir
+    lock over from this process (its parent) before it writes its first state, which this waits for."""
     log = open(f"{run_dir}/local-runner.log", "ab")
     with log:
         proc = subprocess.Popen([sys.executable, "-m", "lingjun_slurm.executors.local", run_dir], cwd=run_dir,
@@ -392,7 +673,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     if len(args) != 1:
         print("usage: python3 -m lingjun_slurm.executors.local RUN_DIR", file=sys.stderr)
         return 2
-    return LocalRunner(args[0], echo=lambda line: print(line, flush=True)).run()
+    from ..errors import LingjunError
+
+    try:
+        return LocalRunner(args[0], echo=lambda line: print(line, flush=True)).run()
+    except LingjunError as exc:
+        print(f"lingjun-slurm: {exc}", file=sys.stderr)
+        return exc.exit_code
 
 
 if __name__ == "__main__":

@@ -2,18 +2,24 @@
 
 Every method is one command. Status-style reads are batched: one `squeue --json` and at
 most one `sacct` cover every job shown, however many there are (submitit's InfoWatcher).
-Failures raise CommandError with the command, exit code and Slurm's raw stderr.
+Failures raise CommandError with the command, exit code and Slurm's raw stderr; a queue that
+cannot be read (slurmctld unreachable) raises SlurmUnavailable with Slurm's own words.
+
+With slurmctld unreachable every client command retries the connection MessageTimeout times,
+1 s apart (src/common/slurm_protocol_api.c, slurm_open_controller_conn, 22.05.8:882-888): 9 s
+with the default MessageTimeout=10 when the port refuses connections, measured here.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
 
-from ..errors import CommandError
+from ..errors import CommandError, SlurmUnavailable
 from ..transport.base import Transport
-from .parse import SACCT_FIELDS, JobInfo, parse_sacct_parsable, parse_squeue_json
+from .parse import SACCT_FIELDS, JobInfo, SlurmParseError, parse_sacct_parsable, parse_squeue_json
 
 _JOB_ID_RE = re.compile(r"^[0-9]+$")
 _NO_ACCOUNTING = ("accounting storage is disabled", "Connection refused", "Unable to contact slurm")
@@ -87,9 +93,35 @@ class SlurmCLI:
 
         Callers filter by job id. `--me` limits the document to the caller's jobs where
         Slurm honours it (23.02+).
+
+        SlurmUnavailable when the queue cannot be read. 23.02 and later print Slurm's error
+        ("slurm_load_jobs error: Unable to contact slurm controller (connect failure)") and exit 1
+        (src/squeue/squeue.c _print_job: slurm_perror before the JSON dump). 22.05 exits 0 with a
+        JSON document whose "errors" say only "slurm_load_jobs: Failed while looking for jobs"
+        (src/plugins/openapi/v0.0.38/jobs.c:1079, the errno is lost): then one `scontrol ping`
+        (no connection retries; 15 ms here) adds the controller's state in Slurm's words
+        ("Slurmctld(primary) at vm is DOWN", src/scontrol/scontrol.c _ping_slurmctld, 22.05.8:567).
         """
-        result = self.t.run(["squeue", "--json", "--me"], check=True, what="squeue failed")
-        return parse_squeue_json(result.stdout)
+        result = self.t.run(["squeue", "--json", "--me"])
+        if result.returncode != 0:
+            said = (result.stderr.strip() or result.stdout.strip() or f"squeue exit {result.returncode}")
+            raise SlurmUnavailable(self.t.host, "; ".join(ln.strip() for ln in said.splitlines()[-3:] if ln.strip()))
+        try:
+            return parse_squeue_json(result.stdout)
+        except SlurmParseError as exc:
+            errors = _json_errors(result.stdout)
+            if not errors:
+                raise SlurmUnavailable(self.t.host, f"squeue --json printed what cannot be read: {exc}") from None
+            ping = self.ping()
+            raise SlurmUnavailable(self.t.host, f"squeue --json: {errors}" + (f"; scontrol ping: {ping}" if ping
+                                                                                else "")) from None
+
+    def ping(self) -> str:
+        """`scontrol ping`: "Slurmctld(primary) at HOST is UP|DOWN" per controller, joined ("" if silent)."""
+        result = self.t.run(["scontrol", "ping"], timeout=60)
+        lines = [ln.strip() for ln in (result.stdout + result.stderr).splitlines()
+                 if ln.strip() and not ln.startswith("*")]
+        return "; ".join(lines)
 
     def accounting(self, job_ids: Iterable[str]) -> Optional[list[JobInfo]]:
         """One `sacct --parsable2` for every id; None when accounting is not available."""
@@ -122,3 +154,27 @@ class SlurmCLI:
             jobcomp_type=jobcomp.split("/")[-1] if jobcomp else "",
             jobcomp_loc=conf.get("JobCompLoc", ""),
         )
+
+
+def _json_errors(text: str) -> str:
+    """The "errors" of a Slurm JSON document, "source: description (error)" each; "" if none."""
+    try:
+        doc = json.loads(text)
+    except (ValueError, TypeError):
+        return ""
+    errors = doc.get("errors") if isinstance(doc, dict) else None
+    if not isinstance(errors, list):
+        return ""
+    out = []
+    for e in errors:
+        if isinstance(e, dict):
+            desc = str(e.get("description") or "").strip()
+            src = str(e.get("source") or "").strip()
+            err = str(e.get("error") or "").strip()
+            text_ = ": ".join(x for x in (src, desc) if x) or err
+            if err and err != text_ and err not in text_:
+                text_ += f" ({err})"
+            out.append(text_)
+        else:
+            out.append(str(e))
+    return "; ".join(x for x in out if x)

@@ -189,10 +189,11 @@ def test_status_makes_a_bounded_number_of_slurm_calls(tmp_path: Path, env: dict[
         monkeypatch.setenv(key, value)
     run_dirs = []
     for k in range(6):
-        spec = chain_spec(tmp_path / f"s{k}.yaml", tmp_path / "work", [
+        # one workdir per run: a workdir holds one live run at a time
+        spec = chain_spec(tmp_path / f"s{k}.yaml", tmp_path / f"work{k}", [
             {"name": "x", "command": "true"}, {"name": "y", "command": "true"}, {"name": "z", "command": "true"}])
         run_id = submitted_run_id(cli("submit", str(spec), "--executor", "slurm", env=env).stdout)
-        run_dirs.append(str(tmp_path / "work" / "runs" / run_id))
+        run_dirs.append(str(tmp_path / f"work{k}" / "runs" / run_id))
     t = LocalTransport()
     calls = []
     for n in (1, 6):
@@ -206,10 +207,11 @@ def test_status_makes_a_bounded_number_of_slurm_calls(tmp_path: Path, env: dict[
 
 
 def test_twenty_concurrent_submits_lose_nothing(tmp_path: Path, env: dict[str, str]) -> None:
-    spec = chain_spec(tmp_path / "s.yaml", tmp_path / "work", [{"name": "only", "command": "true"}])
+    specs = [chain_spec(tmp_path / f"s{i}.yaml", tmp_path / f"work{i}", [{"name": "only", "command": "true"}])
+             for i in range(20)]  # one workdir each: a workdir holds one live run at a time
 
     def one(i: int) -> str:
-        return submitted_run_id(cli("submit", str(spec), "--executor", "slurm", "--run-id", f"conc-{i:02d}",
+        return submitted_run_id(cli("submit", str(specs[i]), "--executor", "slurm", "--run-id", f"conc-{i:02d}",
                                     env=env).stdout)
 
     with ThreadPoolExecutor(max_workers=20) as pool:

@@ -1,0 +1,256 @@
+"""One run per workdir at a time: the holder-file lock `<workdir>/run.lock` (holderlock.py).
+
+Two runs of one spec share the workdir's data shards, merged dataset and checkpoint directory;
+run side by side they fail by timing. So submit (and resubmit) takes this lock before anything
+is written or queued and refuses a second run up front, naming the holder.
+
+Who holds it:
+- a Slurm run: the submitting process creates the file (O_EXCL) before the first sbatch, writes
+  each job id into it as its sbatch returns, and exits; from then on the chain's jobs hold it.
+  It is stale once ONE squeue (`squeue -h -t all -j ID,ID,... -o %T`) shows none of them pending
+  or running; a chain that ended leaves the file, which the next submit breaks by that query.
+  cancel removes it at once when Slurm already says every job has ended. A failed submission
+  (everything rolled back) releases it.
+- a local run: the runner process (the submit itself in the foreground, or the detached runner,
+  which takes it over from the submit that started it, its parent, before it writes its first state). It releases the lock when the chain
+  ends; a runner that was killed leaves a stale holder (its pid is gone), unless one of its
+  stages still runs without it (status shows RUNNING (orphaned)): then the run still holds it.
+
+--force: a stale lock never needs it (it is broken automatically). --force breaks a lock whose
+holder cannot be checked from here: taken on another host outside any Slurm job (a submit
+running, or killed, there), held by jobs while Slurm cannot be asked, or a holder file that
+stays unreadable. A holder that is verifiably alive (a live process here, a job Slurm shows
+pending or running) is never broken, --force or not.
+
+The workdir lives on the host the transport reaches (the login node, for --host/--cluster). On
+this machine the file is made with os.open(O_CREAT|O_EXCL); over SSH with bash's noclobber
+redirection, which opens with O_WRONLY|O_CREAT|O_EXCL (checked with strace on bash 5.2.15:
+`openat(AT_FDCWD, "x", O_WRONLY|O_CREAT|O_EXCL, 0666)`), and mv/ln/rm for the stale-holder break.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import time
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
+
+from ..errors import TransportError, WorkdirBusy
+from ..holderlock import (SQUEUE_FILTER_VARS, Files, Holder, HolderLock, LocalFiles, Verdict, process_start,
+                          read_holder, slurm_jobs_alive, this_host)
+
+if TYPE_CHECKING:
+    from ..transport.base import Transport
+
+LOCK_NAME = "run.lock"
+
+
+def lock_path(workdir: str) -> str:
+    return f"{workdir.rstrip('/')}/{LOCK_NAME}"
+
+
+def workdir_of(run_dir: str) -> str:
+    """<workdir>/runs/<run-id> -> <workdir> (submit.run_dir_for)."""
+    return posixpath.dirname(posixpath.dirname(run_dir.rstrip("/")))
+
+
+class TransportFiles:
+    """Holder-file operations on the transport's host, one short command each."""
+
+    _CREATE = ('set -o noclobber; { printf "%s\\n" "$2" > "$1"; } 2>/dev/null && exit 0; '
+               '[ -e "$1" ] && exit 17; printf "%s\\n" "$2" > "$1"')
+    _AGE = 'm=$(stat -c %Y -- "$1" 2>/dev/null) || exit 3; echo $(( $(date +%s) - m ))'
+    _RENAME = '[ -e "$1" ] || exit 3; mv -f -T -- "$1" "$2" && exit 0; [ -e "$1" ] || exit 3; exit 1'
+    _LINK = 'ln -T -- "$1" "$2" 2>/dev/null && exit 0; [ -e "$2" ] && exit 17; ln -T -- "$1" "$2"'
+
+    def __init__(self, t: "Transport") -> None:
+        self.t = t
+
+    def _bash(self, script: str, *args: str) -> tuple[int, str, str]:
+        r = self.t.run(["bash", "-c", script, "lingjun-lock", *args], timeout=60)
+        return r.returncode, r.stdout, r.stderr
+
+    def _fail(self, what: str, path: str, err: str) -> TransportError:
+        return TransportError(f"cannot {what} {path} on {self.t.host}: {err.strip() or '(no output)'}")
+
+    def create_exclusive(self, path: str, text: str) -> bool:
+        rc, _out, err = self._bash(self._CREATE, path, text.rstrip("\n"))
+        if rc == 0:
+            return True
+        if rc == 17:
+            return False
+        raise self._fail("create the lock file", path, err)
+
+    def read(self, path: str) -> Optional[str]:
+        try:
+            return self.t.read_text(path)
+        except (FileNotFoundError, TransportError):
+            return None
+
+    def age_s(self, path: str) -> Optional[float]:
+        rc, out, err = self._bash(self._AGE, path)
+        if rc == 3:
+            return None
+        if rc != 0 or not out.strip().lstrip("-").isdigit():
+            raise self._fail("read the age of", path, err)
+        return float(out.strip())
+
+    def rename(self, src: str, dst: str) -> bool:
+        rc, _out, err = self._bash(self._RENAME, src, dst)
+        if rc == 3:
+            return False
+        if rc != 0:
+            raise self._fail("rename", src, err)
+        return True
+
+    def link(self, src: str, dst: str) -> bool:
+        rc, _out, err = self._bash(self._LINK, src, dst)
+        if rc == 17:
+            return False
+        if rc != 0:
+            raise self._fail("link", src, err)
+        return True
+
+    def unlink(self, path: str) -> None:
+        rc, _out, err = self._bash('rm -f -- "$1"', path)
+        if rc != 0:
+            raise self._fail("remove", path, err)
+
+    def replace(self, path: str, text: str) -> None:
+        self.t.write_atomic(path, text)
+
+
+def squeue_on(t: "Transport", said: Optional[list[str]] = None) -> Callable[[list[str]], tuple[int, str]]:
+    """run(argv) for holderlock.slurm_jobs_alive through the transport, without squeue's filter
+    variables (`env -u`); what a failing squeue printed is appended to `said`."""
+
+    def run(argv: list[str]) -> tuple[int, str]:
+        unset = [a for v in SQUEUE_FILTER_VARS for a in ("-u", v)]
+        r = t.run(["env", *unset, *argv], timeout=120)
+        out = r.stdout + r.stderr
+        if r.returncode != 0 and said is not None:
+            said.append(out.strip() or f"exit {r.returncode}")
+        return r.returncode, out
+
+    return run
+
+
+def _orphaned_stage(workdir: str, holder: Holder) -> Optional[str]:
+    """A local run whose runner is gone may still have stages running without it."""
+    if not holder.run_id or holder.host != this_host() or holder.jobs:
+        return None
+    from ..executors.local import live_orphans
+
+    found = live_orphans(posixpath.join(workdir, "runs", holder.run_id))
+    if not found:
+        return None
+    what = ", ".join(f"stage {stage} (pid {pid})" for stage, pid in found)
+    return (f"its runner (pid {holder.pid}) is gone but {what} still runs; "
+            f"`lingjun-slurm cancel {holder.run_id}` stops it")
+
+
+class WorkdirLock:
+    """The lock of one workdir, for one run (run_id), on the host the transport reaches."""
+
+    def __init__(self, t: "Transport", workdir: str, run_id: str) -> None:
+        self.t = t
+        self.workdir = workdir.rstrip("/")
+        self.run_id = run_id
+        self.path = lock_path(self.workdir)
+        self.slurm_said: list[str] = []
+        local = t.kind == "local"
+        files: Files = LocalFiles() if local else TransportFiles(t)
+        squeue = squeue_on(t, self.slurm_said)
+        self.lock = HolderLock(self.path, purpose="submitting", run_id=run_id, files=files,
+                               jobs_alive=lambda ids: slurm_jobs_alive(ids, squeue),
+                               job_alive=lambda job: slurm_jobs_alive([job], squeue),
+                               still_alive=(lambda h: _orphaned_stage(self.workdir, h)) if local else None)
+
+    @property
+    def held(self) -> bool:
+        return self.lock.held is not None
+
+    def acquire(self, *, force: bool = False, same_run: bool = False) -> str:
+        """Take the lock or raise WorkdirBusy naming the holder. same_run: a lock held by this
+        run's own Slurm jobs is taken over (resubmit). Returns a note when --force broke a lock."""
+        note = ""
+        self.t.mkdir(self.workdir)
+        for _ in range(5):
+            if self.lock.try_acquire():
+                return note
+            holder, verdict = self.lock.last_holder, self.lock.last_verdict
+            if verdict is None or verdict.state == "stale":
+                continue  # released or broken meanwhile: try again
+            if same_run and holder is not None and holder.run_id == self.run_id and holder.jobs:
+                self.lock.adopt(holder)
+                return note
+            if verdict.state == "unknown" and force:
+                if self.lock.break_held(holder):
+                    who = holder.describe() if holder else "an unreadable holder file"
+                    note = f"--force: broke the lock {self.path} held by {who} ({verdict.why})"
+                continue
+            raise WorkdirBusy(self._busy(holder, verdict, force))
+        holder, verdict = self.lock.judge_current()
+        if verdict.state == "stale":
+            verdict = Verdict("unknown", "its holder file kept changing while it was being taken")
+        raise WorkdirBusy(self._busy(holder, verdict, force))
+
+    def _busy(self, holder: Optional[Holder], verdict: Verdict, force: bool) -> str:
+        run = holder.run_id if holder and holder.run_id else ""
+        if holder is None:
+            who = "a holder whose file cannot be read"
+        else:
+            who = (f"run {run}: " if run else "") + holder.describe()
+        why = verdict.why
+        if self.slurm_said and verdict.state == "unknown":
+            why += f": {self.slurm_said[-1]}"
+        if holder is not None and why == f"pid {holder.pid} is running on {holder.host}":
+            why = ""  # said by the description already
+        lines = [f"workdir {self.workdir} is in use by {who}" + (f"; {why}." if why else "."),
+                 "  Two runs in one workdir would share its data shards and checkpoints."]
+        if verdict.state == "alive":
+            cancel = f"`lingjun-slurm cancel {run}`" if run else "cancelling it"
+            lines.append(f"  Wait for it to end, stop it ({cancel}), or give this spec another run.workdir"
+                         + ("; --force never breaks a lock whose holder is alive." if force else "."))
+        else:
+            lines.append("  It cannot be checked from here. If you know it is over, submit again with --force "
+                         "to break the lock.")
+        lines.append(f"  lock file: {self.path}")
+        return "\n".join(lines)
+
+    def record_jobs(self, job_ids: Sequence[str]) -> None:
+        """The chain's job ids so far (after each sbatch): from now on they hold the lock."""
+        if self.lock.held is not None:
+            self.lock.update(jobs=tuple(job_ids), purpose="Slurm chain")
+
+    def release(self) -> None:
+        self.lock.release()
+
+
+def runner_lock(run_dir: str, run_id: str) -> WorkdirLock:
+    """The local runner's hold on its workdir: taken over from the submit that started it (its
+    parent) or already its own (foreground); a runner started by hand takes it, or refuses."""
+    from ..transport.local import LocalTransport
+
+    lock = WorkdirLock(LocalTransport(), workdir_of(run_dir), run_id)
+    holder = read_holder(lock.path)
+    mine = (holder is not None and holder.run_id == run_id and holder.host == this_host() and not holder.jobs
+            and holder.pid in (os.getpid(), os.getppid()))
+    if mine and holder is not None:
+        lock.lock.adopt(holder)
+        if holder.pid != os.getpid() or holder.purpose != "local runner":
+            lock.lock.update(pid=os.getpid(), start=process_start(os.getpid()) or "", since=time.time(),
+                             purpose="local runner")
+        return lock
+    lock.lock.purpose = "local runner"
+    lock.acquire()
+    return lock
+
+
+def release_if_over(t: "Transport", run_dir: str, run_id: str) -> bool:
+    """Remove the workdir lock when this run holds it and its holder is surely gone (cancel)."""
+    lock = WorkdirLock(t, workdir_of(run_dir), run_id)
+    holder, verdict = lock.lock.judge_current()
+    if holder is None or holder.run_id != run_id or verdict.state != "stale":
+        return False
+    return lock.lock.break_held(holder)
