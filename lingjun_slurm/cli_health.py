@@ -42,8 +42,9 @@ def health_argv(config: Optional[Path], sku: Optional[str], no_drain: bool, as_j
 @click.option("--boot", is_flag=True, help="Boot mode: if Slurm cannot be reached, record the failure for later.")
 def health(config: Optional[Path], sku: Optional[str], no_drain: bool, as_json: bool, node: Optional[str],
            root: Optional[Path], boot: bool) -> None:
-    """Check this node: GPUs (count, ECC, XID), InfiniBand/RoCE ports, the RoCE v2 GID, the NCCL
-    socket interface, enroot; drain it on failure, resume it when it drained it itself.
+    """Check this node: GPUs (count, ECC, row remapping, XIDs, Fabric Manager, NVLink, peermem),
+    the InfiniBand/RoCE ports NCCL would use, the RoCE v2 GID, the NCCL socket interface, enroot
+    and a GPU container; drain it on failure, resume it when it drained it itself.
 
     One line per check (OK|FAIL|SKIP CHECK DETAIL). Exit 0 healthy, 1 a check failed,
     2 bad usage or configuration.

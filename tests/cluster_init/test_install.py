@@ -92,7 +92,7 @@ def test_scheduler_gets_pyxis_and_the_health_check_settings(make_node):
     assert "#lingjun-slurm# HealthCheckProgram=/sched/lingjun/health.sh\n" in conf
     assert "#lingjun-slurm# HealthCheckInterval=60\n" in conf
     block = conf[conf.index("# BEGIN lingjun-slurm health checks"):]
-    assert "HealthCheckProgram=/usr/local/sbin/lingjun-health\nHealthCheckInterval=300\nHealthCheckNodeState=IDLE\n" in block
+    assert "HealthCheckProgram=/etc/slurm/lingjun-healthcheck\nHealthCheckInterval=300\nHealthCheckNodeState=IDLE\n" in block
     assert node.calls().count("scontrol reconfigure") == 1
     assert node.mode("/usr/lib64/slurm/spank_pyxis.so") == 0o644
     assert "runtime_path=/run/pyxis" in node.path("/etc/slurm/plugstack.conf.d/pyxis.conf").read_text()
@@ -119,7 +119,7 @@ def test_scheduler_writes_through_cyclecloud_symlink(make_node):
     result = node.run("scheduler")
     assert result.returncode == 0, result.stderr
     assert link.is_symlink(), "CycleCloud's link to /sched must stay a link"
-    assert "HealthCheckProgram=/usr/local/sbin/lingjun-health" in shared.read_text()
+    assert "HealthCheckProgram=/sched/lingjun/lingjun-healthcheck" in shared.read_text()
     assert "scontrol reconfigure" not in node.calls(), "slurmctld is not running here"
 
 
@@ -276,7 +276,7 @@ def test_provided_pyxis_build(make_node):
 
 
 def test_failed_boot_health_check_fails_cluster_init_unless_warn(make_node):
-    node = make_node()
+    node = make_node(config={"lingjun_slurm.health.boot_check": "fail"})
     node.service_running("slurmd")
     failed = node.run("execute", extra_env={"STANDIN_HEALTH_RC": "1"})
     assert failed.returncode == 1
@@ -301,7 +301,7 @@ def test_generated_health_program_accepts_the_installed_config(make_node):
     """The real lingjun-health, installed by the execute spec, reads the health.conf the
     installer wrote (no usage error, exit 2) and runs its checks against the sandboxed node:
     without GPUs they fail, so it drains the node through scontrol (a stand-in here)."""
-    node = make_node(real_health=True, config={"lingjun_slurm.health.boot_check": "warn"})
+    node = make_node(real_health=True)
     result = node.run("execute")
     assert result.returncode == 0, result.stderr
     assert node.path("/usr/local/sbin/lingjun-health").read_bytes() == GENERATED_HEALTH.read_bytes()

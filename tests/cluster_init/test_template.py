@@ -786,8 +786,10 @@ def test_an_unknown_key_or_a_wrong_default_is_caught():
     assert [p for p in lingjun_problems(tpl) if "the installer's default is 'job', the parameter's 'global'" in p]
     tpl = mutated("        DefaultValue = 300\n", "        DefaultValue = 30\n")
     assert [p for p in lingjun_problems(tpl) if "expected an Integer parameter defaulting to 300" in p]
-    tpl = mutated('{[Value="fail"], [Value="warn"], [Value="off"]}', '{[Value="fail"], [Value="warn"]}')
-    assert [p for p in lingjun_problems(tpl) if "Config.Entries must offer exactly ['fail', 'warn', 'off']" in p]
+    tpl = mutated('{[Value="drain"], [Value="fail"], [Value="warn"], [Value="off"]}',
+                  '{[Value="drain"], [Value="fail"], [Value="warn"]}')
+    assert [p for p in lingjun_problems(tpl)
+            if "Config.Entries must offer exactly ['drain', 'fail', 'warn', 'off']" in p]
     tpl = mutated('[Value="lingjun"], [Value="tcp"]}', '[Value="lingjun"]}')
     assert [p for p in lingjun_problems(tpl) if "lingjun_slurm.nccl.profile: Config.Entries must be" in p]
 

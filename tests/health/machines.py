@@ -1,24 +1,42 @@
 """Node trees and stand-ins for running lingjun-health without GPUs, RDMA NICs or Slurm.
 
-A `Node` is a directory tree laid out like a real machine's /sys, /etc and /var (the layouts
-and their sources: tests/fixtures/health/SOURCES.md), plus a bin/ of stand-ins for the
-commands that cannot run here:
-- nvidia-smi: prints the recorded --query-gpu / --query-remapped-rows output of the machine,
-  and rejects any other query the way nvidia-smi does (rc 2, "is not a valid field");
+A `Node` is a directory tree laid out like a real machine's /sys, /proc, /etc and /var, plus a
+bin/ of stand-ins for the commands that cannot run here. Real outputs from public sources are
+used where they exist (tests/fixtures/health/real/, each cited in tests/fixtures/health/
+SOURCES.md): the `nvidia-smi -q` dumps of an 8x H100 node and of an A10, the InfiniBand sysfs
+tree of an H100 node with an Ethernet front-end bond, a kernel log with XID 119, a kernel log
+with a GPU that fell off the bus, `nvidia-smi nvlink --status` of an 8x A100 and `lspci -nn` of
+an NVSwitch system. The Azure ND H200 v5 and RoCE A100 machines are modelled on those dumps
+(their bus ids and product names put into the real H100 dump) and on their own public sources.
+
+Stand-ins (bin/):
+- nvidia-smi: prints the machine's recorded `-q` report, `nvlink --status` and the `-L` list
+  derived from the report; FAKE_SMI_FAIL: the driver error (rc 9); FAKE_SMI_HANG: hangs
+  (sleep 1000, its pid in FAKE_SMI_PIDFILE), as nvidia-smi does on a broken GPU; anything
+  else is an argument error (rc 2);
 - scontrol: keeps one node's State/Reason in a JSON file and records every call; `show node
-  -o` prints Slurm 22.05's one-line format;
-- enroot: records calls; `start` fails when asked to.
-Everything else the program runs (df, grep, awk, timeout) is the real thing.
+  -o` prints Slurm 22.05's one-line format; FAKE_SLURM_DOWN: slurmctld unreachable;
+  FAKE_SLURM_HANG: hangs;
+- enroot: records calls; `start` runs enroot's nvidia hook logic (conf/hooks/98-nvidia.sh: with
+  NVIDIA_VISIBLE_DEVICES set it execs nvidia-container-cli configure, and a failing hook fails
+  the start with "[ERROR] .../98-nvidia.sh exited with return code N") and then the command,
+  with the container's /usr/bin first on PATH; FAKE_ENROOT_START_FAIL: the start fails;
+- nvidia-container-cli: tests/fixtures/standins/nvidia-container-cli (modelled on
+  NVIDIA/libnvidia-container src/cli); without $STANDIN_NVC it is a machine without a driver;
+- systemctl: `is-active UNIT` from the machine's services (active: rc 0, else rc 3).
+Everything else the program runs (df, grep, awk, sed, date, setsid) is the real thing.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
 import sys
+from calendar import timegm
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -26,10 +44,11 @@ from lingjun_slurm import health, network
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "health"
-GPU_QUERY = ("--query-gpu=index,pci.bus_id,ecc.mode.current,ecc.errors.uncorrected.volatile.total,"
-             "ecc.errors.corrected.volatile.total")
-REMAP_QUERY = "--query-remapped-rows=gpu_bus_id,remapped_rows.pending,remapped_rows.failure"
-CSV = "--format=csv,noheader,nounits"
+REAL = FIXTURES / "real"
+NVC_STANDIN = REPO / "tests" / "fixtures" / "standins" / "nvidia-container-cli"
+H100_Q = REAL / "nvidia-smi-q" / "gpud-535.161.08-h100x8.txt"
+A10_Q = REAL / "nvidia-smi-q" / "gpud-535.129.03-a10.txt"
+A100_NVLINK = REAL / "nvlink" / "gpud-a100-nvlink-status.txt"
 # Azure HPC images' enroot.conf (local disk under /mnt/resource, per-user parts by $(id -u)).
 ENROOT_CONF = """\
 ENROOT_RUNTIME_PATH /run/enroot/user-$(id -u)
@@ -40,6 +59,75 @@ ENROOT_SQUASH_OPTIONS -noI -noD -noF -noX -no-duplicates
 """
 
 
+def epoch(text: str) -> int:
+    """'2025-05-18T20:00:00' (UTC) -> seconds since the epoch."""
+    return timegm(tuple(int(x) for x in re.split(r"[-T:]", text)) + (0, 0, 0))  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ nvidia-smi -q text
+GPU_HEADER = re.compile(r"^GPU ([0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+\.[0-9A-Fa-f]+)$", re.M)
+
+
+def q_bus_ids(text: str) -> list[str]:
+    return GPU_HEADER.findall(text)
+
+
+def model_q(bus_ids: list[str], product: str, fabric: str | None = None, base: Path = H100_Q) -> str:
+    """The real 8x H100 report (driver 535.161.08) with these bus ids (in order) and product name;
+    fabric="N/A" turns the Fabric section to N/A (GPUs before Hopper do not report it)."""
+    text = base.read_text()
+    old = q_bus_ids(text)
+    assert len(old) == len(bus_ids), (old, bus_ids)
+    for a, b in zip(old, bus_ids):
+        text = text.replace(a, b)
+    text = text.replace("NVIDIA H100 80GB HBM3", product)
+    if fabric is not None:
+        text = re.sub(r"(\n    Fabric\n        State +: )\S.*\n(        Status +: )\S.*\n", rf"\g<1>{fabric}\n\g<2>{fabric}\n",
+                      text)
+    return text
+
+
+def q_set(text: str, gpu: int, path: tuple[str, ...], value: str) -> str:
+    """Set the field at PATH (section names, then the key) of GPU number GPU in a -q report,
+    keeping the report's alignment; the field must exist."""
+    out, block, stack, done = [], -1, [], False
+    for line in text.splitlines(keepends=True):
+        if GPU_HEADER.match(line.rstrip("\n")):
+            block, stack = block + 1, []
+            out.append(line)
+            continue
+        stripped = line.rstrip("\n")
+        if block == gpu and stripped.strip():
+            level = (len(stripped) - len(stripped.lstrip(" "))) // 4
+            body = stripped.strip()
+            key = body.split(" : ", 1)[0].strip() if " : " in stripped else body
+            stack = stack[:level - 1] + [key]
+            if " : " in stripped and tuple(stack) == path and not done:
+                head = stripped.split(" : ", 1)[0]
+                line = f"{head} : {value}\n"
+                done = True
+        out.append(line)
+    assert done, (gpu, path)
+    return "".join(out)
+
+
+def q_list(text: str) -> str:
+    """`nvidia-smi -L` for a -q report: "GPU i: NAME (UUID: GPU-...)"."""
+    names = re.findall(r"^    Product Name +: (.*)$", text, re.M)
+    uuids = re.findall(r"^    GPU UUID +: (.*)$", text, re.M)
+    return "".join(f"GPU {i}: {n} (UUID: {u})\n" for i, (n, u) in enumerate(zip(names, uuids)))
+
+
+def model_nvlink(q_text: str, links: int) -> str:
+    """`nvidia-smi nvlink --status` in the layout of the real 8x A100 output, for the GPUs of a
+    -q report, each with LINKS active links."""
+    rows = []
+    for i, line in enumerate(q_list(q_text).splitlines()):
+        rows.append(line + "\n" + "".join(f"         Link {n}: 26.562 GB/s\n" for n in range(links)))
+    return "".join(rows)
+
+
+# ------------------------------------------------------------------ machines
 @dataclass
 class Port:
     hca: str
@@ -53,21 +141,33 @@ class Port:
 
 @dataclass
 class Machine:
-    recorded: str  # tests/fixtures/health/nvidia-smi/<recorded>.{gpu,remap}.csv
     sku: str
     profile: str  # network profile whose nccl.conf the node has
     ports: list[Port]
     netdevs: dict[str, tuple[str, str]]  # name -> (operstate, carrier)
-    kernel_log: str = "clean.log"
+    smi_q: str  # what `nvidia-smi -q` prints
+    nvlink: str = ""  # what `nvidia-smi nvlink --status` prints
+    kernel_log: str = "kern/clean.log"  # under tests/fixtures/health/
+    now: int = epoch("2025-05-18T20:00:00")  # LINGJUN_HEALTH_NOW for the XID window
+    uptime: int = 9000  # /proc/uptime (dmesg's "[seconds since boot]")
+    ib_tree: Path | None = None  # a real /sys/class/infiniband tree, copied instead of `ports`
+    lspci: str | None = None  # an `lspci -nn` fixture: its devices go to /sys/bus/pci/devices
+    services: dict[str, str] = field(default_factory=lambda: {"nvidia-fabricmanager": "active"})
+    modules: tuple[str, ...] = ()  # loaded kernel modules (/sys/module/NAME)
     config: dict[str, str] = field(default_factory=dict)  # extra health.conf keys
+    dropins: dict[str, str] = field(default_factory=dict)  # health.conf.d/NAME -> text
     nccl: dict[str, str | None] = field(default_factory=dict)  # nccl.conf overrides (None removes)
 
     def port(self, hca: str) -> Port:
         return next(p for p in self.ports if p.hca == hca)
 
 
+ND_H200_BUS = [f"0000000{d}:00:00.0" for d in "12389ABC"]
+
+
 def azure_nd_h200_v5() -> Machine:
-    """Azure ND H200 v5: 8 GPUs, mlx5_ib0..7 InfiniBand at 400 Gb/s, mlx5_an0 Ethernet."""
+    """Azure ND H200 v5: 8 GPUs, mlx5_ib0..7 InfiniBand at 400 Gb/s, mlx5_an0 Ethernet;
+    NVSwitch (Fabric Manager running), nvidia_peermem loaded, 18 NVLinks per GPU."""
     ports = [Port(f"mlx5_ib{i}", gids={0: (f"fe80:0000:0000:0000:0015:5dff:fe34:{0x33 + i:04x}", "IB/RoCE v1")})
              for i in range(8)]
     ports.append(Port("mlx5_an0", rate="100 Gb/sec (4X EDR)", link_layer="Ethernet",
@@ -75,7 +175,9 @@ def azure_nd_h200_v5() -> Machine:
                             1: ("fe80:0000:0000:0000:0222:48ff:fe65:bc8d", "RoCE v2")}))
     netdevs = {"lo": ("unknown", "1"), "eth0": ("up", "1"), "docker0": ("down", "0"),
                **{f"ib{i}": ("up", "1") for i in range(8)}}
-    return Machine("azure-nd-h200-v5", "Standard_ND96isr_H200_v5", "azure-nd-h200-v5", ports, netdevs)
+    q = model_q(ND_H200_BUS, "NVIDIA H200")
+    return Machine("Standard_ND96isr_H200_v5", "azure-nd-h200-v5", ports, netdevs, q, model_nvlink(q, 18),
+                   modules=("nvidia_peermem",))
 
 
 ROCE_IPV4 = ["0a00:3c03", "190b:8002", "190b:8022", "190b:8042", "190b:8062", "190b:8082", "190b:80a2",
@@ -83,6 +185,7 @@ ROCE_IPV4 = ["0a00:3c03", "190b:8002", "190b:8022", "190b:8042", "190b:8062", "1
 ROCE_LL = ["f820:20ff:fe28:c769", "eaeb:d3ff:fecc:c920", "eaeb:d3ff:fecc:c921", "eaeb:d3ff:fe6c:51d2",
            "eaeb:d3ff:fe6c:51d3", "eaeb:d3ff:fe33:1366", "eaeb:d3ff:fe33:1367", "eaeb:d3ff:fe6c:68ae",
            "eaeb:d3ff:fe6c:68af"]
+ROCE_BUS = [f"00000000:{b}:00.0" for b in ("53", "59", "6E", "73", "8D", "92", "C9", "CF")]
 
 
 def roce_a100() -> Machine:
@@ -96,7 +199,37 @@ def roce_a100() -> Machine:
                           gids={0: (link_local, "IB/RoCE v1"), 1: (link_local, "RoCE v2"),
                                 2: (mapped, "IB/RoCE v1"), 3: (mapped, "RoCE v2")}))
     netdevs = {"lo": ("unknown", "1"), **{f"eth{i}": ("up", "1") for i in range(9)}}
-    return Machine("baidu-a100-roce", "ml.gu7xf.8xlarge-gu108", "lingjun", ports, netdevs)
+    return Machine("ml.gu7xf.8xlarge-gu108", "lingjun", ports, netdevs,
+                   model_q(ROCE_BUS, "NVIDIA A100-SXM4-80GB", fabric="N/A"), services={})
+
+
+ND_A100_BUS = [f"0000000{d}:00:00.0" for d in "1234BCDE"]
+
+
+def azure_nd_a100_v4() -> Machine:
+    """Azure NDm A100 v4 with the real outputs of gpud's fabric-manager test data: its `lspci -nn`
+    (8 A100 at PCI domains 0001-0004 and 000b-000e, six NVSwitch bridges 0005-000a, eight
+    ConnectX-6 VFs, Microsoft NVMe) and its `nvidia-smi nvlink --status` (12 links per GPU at
+    25 GB/s). Its -q report is modelled (the H100 report with these bus ids, Fabric N/A); the
+    IB ports follow Azure's conf (mlx5_ib0..7 at 200 Gb/s HDR)."""
+    ports = [Port(f"mlx5_ib{i}", rate="200 Gb/sec (4X HDR)") for i in range(8)]
+    netdevs = {"lo": ("unknown", "1"), "eth0": ("up", "1"), **{f"ib{i}": ("up", "1") for i in range(8)}}
+    return Machine("Standard_ND96amsr_A100_v4", "azure-nd-a100-v4", ports, netdevs,
+                   model_q(ND_A100_BUS, "NVIDIA A100-SXM4-80GB", fabric="N/A"), A100_NVLINK.read_text(),
+                   lspci="real/lspci/gpud-a100-lspci-nn.txt", modules=("nvidia_peermem",))
+
+
+def gpud_h100() -> Machine:
+    """The real H100 node of leptonai/gpud's test data: its nvidia-smi -q (8x H100, driver
+    535.161.08), its /sys/class/infiniband (mlx5_0,1,4..9 InfiniBand at 400 Gb/s and the
+    Ethernet front-end bond mlx5_bond_0 at 200 Gb/s) and its kernel log with XID 119 on GPU4
+    (PCI 0000:9b:00) on 2025-02-23 16:24-16:30 (dmesg -T), judged the next day (12:00 UTC) unless a
+    test sets another time. The SKU: the generic-ib profile (NCCL_IB_HCA=mlx5)
+    with the site's counts in a drop-in, as a site would run such a node."""
+    return Machine("generic-ib", "generic-ib", [], {"lo": ("unknown", "1"), "bond0": ("up", "1")},
+                   H100_Q.read_text(), kernel_log="real/kern/gpud-dmesg-with-xid-119.log",
+                   now=epoch("2025-02-24T12:00:00"), ib_tree=REAL / "sysfs-class-infiniband" / "gpud-h100-0",
+                   dropins={"50-site.conf": "# site settings\nGPU_COUNT=8\nIB_PORT_COUNT=8\nIB_RATE_GBPS=400\n"})
 
 
 def _write(path: Path, text: str, mode: int | None = None) -> None:
@@ -107,19 +240,31 @@ def _write(path: Path, text: str, mode: int | None = None) -> None:
 
 
 NVIDIA_SMI = f"""#!{sys.executable}
-import os, sys
+import os, re, sys, time
 from pathlib import Path
 args, data = sys.argv[1:], Path(os.environ["FAKE_SMI_DIR"])
+if os.environ.get("FAKE_SMI_HANG"):
+    if os.environ.get("FAKE_SMI_PIDFILE"):
+        Path(os.environ["FAKE_SMI_PIDFILE"]).write_text(str(os.getpid()))
+    time.sleep(1000)
 if os.environ.get("FAKE_SMI_FAIL"):
     print("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
           "Make sure that the latest NVIDIA driver is installed and running.")
     sys.exit(9)
-known = {{({GPU_QUERY!r}, {CSV!r}): "gpu.csv", ({REMAP_QUERY!r}, {CSV!r}): "remap.csv"}}
-name = known.get(tuple(args))
-if name is None or not (data / name).exists():
-    print(f'Field "{{args[0].split("=", 1)[-1]}}" is not a valid field to query.', file=sys.stderr)
-    sys.exit(2)
-sys.stdout.write((data / name).read_text())
+if args == ["-q"]:
+    sys.stdout.write((data / "q.txt").read_text())
+    sys.exit(int((data / "q.rc").read_text()) if (data / "q.rc").exists() else 0)
+if args in (["nvlink", "--status"], ["nvlink", "-s"]):
+    sys.stdout.write((data / "nvlink.txt").read_text())
+    sys.exit(0)
+if args == ["-L"]:
+    text = (data / "q.txt").read_text()
+    names = re.findall(r"^    Product Name +: (.*)$", text, re.M)
+    uuids = re.findall(r"^    GPU UUID +: (.*)$", text, re.M)
+    sys.stdout.write("".join(f"GPU {{i}}: {{n}} (UUID: {{u}})\\n" for i, (n, u) in enumerate(zip(names, uuids))))
+    sys.exit(0)
+print("Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.")
+sys.exit(2)
 """
 
 SCONTROL = f"""#!{sys.executable}
@@ -128,6 +273,9 @@ from pathlib import Path
 state_file, args = Path(os.environ["FAKE_SLURM_STATE"]), sys.argv[1:]
 with open(os.environ["FAKE_SLURM_CALLS"], "a") as log:
     log.write(json.dumps(args) + "\\n")
+if os.environ.get("FAKE_SLURM_HANG"):
+    import time
+    time.sleep(1000)
 if os.environ.get("FAKE_SLURM_DOWN"):
     print("slurm_load_node error: Unable to contact slurm controller (connect failure)", file=sys.stderr)
     sys.exit(1)
@@ -148,7 +296,9 @@ if args[:1] == ["update"]:
     fields = dict(a.split("=", 1) for a in args[1:])
     node = nodes[fields["NodeName"]]
     if fields["State"] == "DRAIN":
-        node.update(state="IDLE+DRAIN", reason=fields["Reason"])
+        base = node["state"].split("+")[0]
+        flags = [f for f in node["state"].split("+")[1:] if f != "DRAIN"]
+        node.update(state="+".join([base if base != "UNKNOWN" else "IDLE", "DRAIN", *flags]), reason=fields["Reason"])
     elif fields["State"] == "RESUME":
         node.update(state="IDLE", reason="")
     state_file.write_text(json.dumps(nodes))
@@ -158,12 +308,57 @@ sys.exit(2)
 """
 
 ENROOT = f"""#!{sys.executable}
-import json, os, sys
+import json, os, subprocess, sys
+from pathlib import Path
+args = sys.argv[1:]
 with open(os.environ["FAKE_ENROOT_CALLS"], "a") as log:
-    log.write(json.dumps(sys.argv[1:]) + "\\n")
-if sys.argv[1] == "start" and os.environ.get("FAKE_ENROOT_START_FAIL"):
-    print(f"[ERROR] No such file or directory: /mnt/resource/enroot-data/user-0/{{sys.argv[2]}}", file=sys.stderr)
+    log.write(json.dumps(args) + "\\n")
+if args[:1] != ["start"]:
+    sys.exit(0)
+rest, env = args[1:], {{}}
+while rest and rest[0] in ("-e", "--env"):
+    key, _, value = rest[1].partition("=")
+    env[key] = value
+    rest = rest[2:]
+name, command = rest[0], rest[1:]
+if os.environ.get("FAKE_ENROOT_START_FAIL"):
+    print(f"[ERROR] No such file or directory: /mnt/resource/enroot-data/user-0/{{name}}", file=sys.stderr)
     sys.exit(1)
+rootfs = Path(os.environ["FAKE_ENROOT_DATA"]) / name
+rootfs.mkdir(parents=True, exist_ok=True)
+# conf/hooks/98-nvidia.sh: nothing to do unless NVIDIA_VISIBLE_DEVICES is set (and not void)
+visible = env.get("NVIDIA_VISIBLE_DEVICES", "void")
+if visible != "void":
+    cli = ["nvidia-container-cli", "--user", "configure", "--no-cgroups", "--ldconfig=@/sbin/ldconfig"]
+    if visible != "none":
+        cli.append(f"--device={{visible}}")
+    for cap in (env.get("NVIDIA_DRIVER_CAPABILITIES") or "utility").split(","):
+        cli.append(f"--{{cap}}")
+    hook = subprocess.run(cli + [str(rootfs)], capture_output=True, text=True)
+    sys.stderr.write(hook.stderr)
+    if hook.returncode:
+        print(f"[ERROR] /etc/enroot/hooks.d/98-nvidia.sh exited with return code {{hook.returncode}}", file=sys.stderr)
+        sys.exit(1)
+if command == ["true"]:
+    sys.exit(0)
+path = f"{{rootfs}}/usr/bin:{{rootfs}}/bin"
+exe = next((Path(d) / command[0] for d in path.split(":") if (Path(d) / command[0]).exists()), None)
+if exe is None:
+    print(f"[ERROR] Command not found: {{command[0]}}", file=sys.stderr)
+    sys.exit(1)
+sys.exit(subprocess.run([str(exe), *command[1:]]).returncode)
+"""
+
+SYSTEMCTL = f"""#!{sys.executable}
+import json, os, sys
+args = [a for a in sys.argv[1:] if a != "--quiet"]
+services = json.loads(os.environ["FAKE_SERVICES"])
+if args[:1] == ["is-active"] and len(args) == 2:
+    state = services.get(args[1], "inactive")
+    print(state)
+    sys.exit(0 if state == "active" else 3)
+print(f"stand-in systemctl: unexpected {{args}}", file=sys.stderr)
+sys.exit(1)
 """
 
 
@@ -171,7 +366,8 @@ class Node:
     """A machine's tree under tmp/root, stand-ins in tmp/bin, and a runner for lingjun-health."""
 
     def __init__(self, tmp: Path, machine: Machine, name: str = "gpu-node-7",
-                 standins: tuple[str, ...] = ("nvidia-smi", "scontrol", "enroot")) -> None:
+                 standins: tuple[str, ...] = ("nvidia-smi", "scontrol", "enroot", "systemctl",
+                                              "nvidia-container-cli")) -> None:
         self.tmp, self.machine, self.name, self.standins = tmp, machine, name, standins
         self.root, self.bin = tmp / "root", tmp / "bin"
         self.state_file, self.calls_file = tmp / "slurm.json", tmp / "calls.jsonl"
@@ -182,12 +378,15 @@ class Node:
 
     # ------------------------------------------------------------------ the tree
     def build(self) -> None:
-        """(Re)write the tree from self.machine; Slurm state and call logs are kept."""
+        """(Re)write the tree from self.machine; Slurm state, call logs and nvidia-smi edits are kept."""
         m, root = self.machine, self.root
         if root.exists():
             shutil.rmtree(root)
+        ib = root / "sys/class/infiniband"
+        if m.ib_tree is not None:
+            shutil.copytree(m.ib_tree, ib)
         for p in m.ports:
-            d = root / "sys/class/infiniband" / p.hca / "ports" / str(p.port)
+            d = ib / p.hca / "ports" / str(p.port)
             for name, value in (("state", p.state), ("phys_state", p.phys_state), ("rate", p.rate),
                                 ("link_layer", p.link_layer)):
                 _write(d / name, value + "\n")
@@ -197,24 +396,40 @@ class Node:
         for name, (oper, carrier) in m.netdevs.items():
             _write(root / "sys/class/net" / name / "operstate", oper + "\n")
             _write(root / "sys/class/net" / name / "carrier", carrier + "\n")
+        if m.lspci:  # lspci -nn "DOMAIN:BUS:DEV.FN Class [cccc]: Vendor Device [vvvv:dddd]"
+            for line in (FIXTURES / m.lspci).read_text().splitlines():
+                found = re.match(r"^(\S+) .*\[([0-9a-f]{4})\]: .*\[([0-9a-f]{4}):([0-9a-f]{4})\]", line)
+                if found:
+                    addr, cls, vendor, device = found.groups()
+                    d = root / "sys/bus/pci/devices" / addr
+                    _write(d / "vendor", f"0x{vendor}\n")
+                    _write(d / "device", f"0x{device}\n")
+                    _write(d / "class", f"0x{cls}00\n")
+        for module in m.modules:
+            _write(root / "sys/module" / module / "initstate", "live\n")
+        _write(root / "proc/uptime", f"{m.uptime}.42 {m.uptime * 90}.17\n")
         overrides = {k: v for k, v in m.nccl.items()}
         _write(root / "etc/nccl.conf",
                network.render(network.resolve(network.get_profile(m.profile), overrides), "nccl.conf"))
         _write(root / "etc/enroot/enroot.conf", ENROOT_CONF)
         for sub in ("run/enroot", "mnt/resource/enroot-cache", "mnt/resource/enroot-data", "mnt/resource/enroot-temp"):
             (root / sub).mkdir(parents=True, exist_ok=True)
-        _write(root / "var/log/kern.log", (FIXTURES / "kern" / m.kernel_log).read_text())
+        _write(root / "var/log/kern.log", (FIXTURES / m.kernel_log).read_text())
         config = {"SKU": m.sku, "KERNEL_LOG": "/var/log/kern.log", "MIN_FREE_GB": "1", **m.config}
         _write(root / "etc/lingjun-slurm/health.conf",
                "# written by tests/health/machines.py\n" + "".join(f"{k}={v}\n" for k, v in config.items()))
+        for name, text in m.dropins.items():
+            _write(root / "etc/lingjun-slurm/health.conf.d" / name, text)
         self.smi_dir.mkdir(exist_ok=True)
-        for kind in ("gpu", "remap"):
-            src = FIXTURES / "nvidia-smi" / f"{m.recorded}.{kind}.csv"
-            if not (self.smi_dir / f"{kind}.csv").exists():
-                shutil.copyfile(src, self.smi_dir / f"{kind}.csv")
-        for name, text in (("nvidia-smi", NVIDIA_SMI), ("scontrol", SCONTROL), ("enroot", ENROOT)):
+        if not (self.smi_dir / "q.txt").exists():
+            (self.smi_dir / "q.txt").write_text(m.smi_q)
+            (self.smi_dir / "nvlink.txt").write_text(m.nvlink)
+        for name, text in (("nvidia-smi", NVIDIA_SMI), ("scontrol", SCONTROL), ("enroot", ENROOT),
+                           ("systemctl", SYSTEMCTL)):
             if name in self.standins:
                 _write(self.bin / name, text, 0o755)
+        if "nvidia-container-cli" in self.standins and not (self.bin / "nvidia-container-cli").exists():
+            (self.bin / "nvidia-container-cli").symlink_to(NVC_STANDIN)
         if not self.state_file.exists():
             self.set_slurm("IDLE", "")
 
@@ -230,20 +445,34 @@ class Node:
     def drop_port(self, hca: str) -> None:
         self.change(ports=[p for p in self.machine.ports if p.hca != hca])
 
-    def set_gpus(self, csv: str | None = None, remap: str | None = None) -> None:
-        """Replace the recorded nvidia-smi output (None leaves it; "" removes remap)."""
-        if csv is not None:
-            (self.smi_dir / "gpu.csv").write_text(csv)
-        if remap == "":
-            (self.smi_dir / "remap.csv").unlink()
-        elif remap is not None:
-            (self.smi_dir / "remap.csv").write_text(remap)
+    def set_q(self, text: str, rc: int = 0) -> None:
+        """Replace what `nvidia-smi -q` prints (and its exit status)."""
+        (self.smi_dir / "q.txt").write_text(text)
+        (self.smi_dir / "q.rc").write_text(str(rc))
 
-    def gpu_csv(self) -> str:
-        return (self.smi_dir / "gpu.csv").read_text()
+    def q(self) -> str:
+        return (self.smi_dir / "q.txt").read_text()
 
-    def remap_csv(self) -> str:
-        return (self.smi_dir / "remap.csv").read_text()
+    def set_gpu_field(self, gpu: int, path: tuple[str, ...], value: str) -> None:
+        self.set_q(q_set(self.q(), gpu, path, value))
+
+    def set_nvlink(self, text: str) -> None:
+        (self.smi_dir / "nvlink.txt").write_text(text)
+
+    def nvlink(self) -> str:
+        return (self.smi_dir / "nvlink.txt").read_text()
+
+    def with_driver(self) -> None:
+        """Give nvidia-container-cli a loaded driver with this machine's GPUs (from the -q report),
+        and the host's nvidia-smi as the binary it mounts into containers."""
+        text = self.q()
+        names = re.findall(r"^    Product Name +: (.*)$", text, re.M)
+        uuids = re.findall(r"^    GPU UUID +: (.*)$", text, re.M)
+        gpus = [{"model": n, "brand": "Unknown", "uuid": u, "busid": b.lower(), "arch": "9.0", "minor": i}
+                for i, (n, u, b) in enumerate(zip(names, uuids, q_bus_ids(text)))]
+        desc = {"driver": "535.161.08", "cuda": "12.2", "gpus": gpus, "binaries": [["/usr/bin/nvidia-smi", str(self.bin / "nvidia-smi")]]}
+        (self.tmp / "nvc.json").write_text(json.dumps(desc))
+        self.env["STANDIN_NVC"] = str(self.tmp / "nvc.json")
 
     # ------------------------------------------------------------------ Slurm stand-in
     def set_slurm(self, state: str, reason: str) -> None:
@@ -266,20 +495,31 @@ class Node:
         return [json.loads(line) for line in self.enroot_file.read_text().splitlines()]
 
     # ------------------------------------------------------------------ running
+    def base_env(self) -> dict[str, str]:
+        """The stand-ins' environment (without --root and the config)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "SLURM", "STANDIN_NVC"))}
+        env.update(PATH=f"{self.bin}:{os.environ['PATH']}", FAKE_SMI_DIR=str(self.smi_dir),
+                   FAKE_SLURM_STATE=str(self.state_file), FAKE_SLURM_CALLS=str(self.calls_file),
+                   FAKE_ENROOT_CALLS=str(self.enroot_file), FAKE_ENROOT_DATA=str(self.tmp / "enroot-data"),
+                   FAKE_SERVICES=json.dumps(self.machine.services), TMPDIR=str(self.tmp), TZ="UTC",
+                   LINGJUN_HEALTH_NOW=str(self.machine.now))
+        env.update(self.env)
+        return env
+
     def run(self, *args: str, program: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
         """lingjun-health --root ROOT --node NAME ARGS with the stand-ins first on PATH."""
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "SLURM"))}
-        full_env.update(PATH=f"{self.bin}:{os.environ['PATH']}", FAKE_SMI_DIR=str(self.smi_dir),
-                        FAKE_SLURM_STATE=str(self.state_file), FAKE_SLURM_CALLS=str(self.calls_file),
-                        FAKE_ENROOT_CALLS=str(self.enroot_file), TMPDIR=str(self.tmp))
-        full_env.update(self.env)
+        full_env = self.base_env()
         full_env.update(env)
         prog = program or packaged_program()
         return subprocess.run(["bash", str(prog), "--root", str(self.root), "--node", self.name, *args],
-                              capture_output=True, text=True, env=full_env, timeout=60)
+                              capture_output=True, text=True, env=full_env, timeout=90)
 
 
 def packaged_program() -> Path:
+    """The packaged program; $LINGJUN_HEALTH_TEST_PROGRAM runs the tests against another copy
+    (an older revision, with its thresholds/ beside it: how the tests were shown to fail before)."""
+    if os.environ.get("LINGJUN_HEALTH_TEST_PROGRAM"):
+        return Path(os.environ["LINGJUN_HEALTH_TEST_PROGRAM"])
     with health.installed_dir() as folder:
         return folder / health.PROGRAM
 

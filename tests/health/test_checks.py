@@ -1,11 +1,10 @@
-"""lingjun-health against node trees of real InfiniBand and RoCE machines, healthy and with each failure.
+"""lingjun-health against node trees of an Azure ND H200 v5 (InfiniBand) and a RoCE A100 node, healthy and with each failure.
 
-The trees (tests/health/machines.py) follow public dumps of an Azure ND H200 v5 (8 GPUs,
-mlx5_ib0..7 InfiniBand at 400 Gb/s) and of a RoCE A100 node (mlx5_0..8 on eth0..8, RoCE v2 GID
-at index 3); sources in tests/fixtures/health/SOURCES.md. nvidia-smi is a stand-in printing
-recorded `--query-gpu` / `--query-remapped-rows` output in nvidia-smi's CSV format (it rejects
-any other query), because no GPU exists here; scontrol and enroot are stand-ins that record
-their calls. The program itself, df, grep and awk are real.
+The trees (tests/health/machines.py) follow public dumps of those machines; their `nvidia-smi -q`
+reports are the real H100 report of tests/fixtures/health/real/ with their bus ids (sources in
+tests/fixtures/health/SOURCES.md). Real outputs on their own: test_real_outputs.py. nvidia-smi,
+scontrol, enroot, systemctl and nvidia-container-cli are stand-ins (no GPU exists here); the
+program itself, df, grep, awk, sed and date are real.
 """
 
 from __future__ import annotations
@@ -19,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from lingjun_slurm import health
-from tests.health.machines import REPO, Node, azure_nd_h200_v5, is_executable, lines, roce_a100, statuses
+from tests.health.machines import (REPO, Node, azure_nd_h200_v5, is_executable, lines, q_set, roce_a100,
+                                   statuses)
 
 
 @pytest.fixture
@@ -55,12 +55,16 @@ def test_healthy_infiniband_node(ib: Node) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert lines(proc) == [
         "OK gpu-count 8 GPUs",
-        "OK gpu-ecc no uncorrected ECC errors, no pending or failed row remapping",
-        "OK gpu-xid no XIDs in the kernel log",
+        "OK gpu-ecc no uncorrected ECC errors, no pending, failed or excess row remapping, no reset required",
+        "OK gpu-xid no XIDs in the kernel log within 2 h",
+        "OK gpu-fabric nvidia-fabricmanager active, 8 GPUs fabric state Completed",
+        "OK gpu-nvlink 144 links active",
+        "OK gpu-peermem nvidia_peermem loaded",
         "OK ib-ports 8 ports ACTIVE, LinkUp, >= 400 Gb/s, InfiniBand (IB_PORTS, all HCAs)",
         "SKIP roce-gid NCCL_IB_GID_INDEX is not set (NCCL chooses the GID)",
         "OK socket-if eth0 up (NCCL_SOCKET_IFNAME=eth0)",
         "SKIP enroot-start no ENROOT_IMAGE configured",
+        "SKIP gpu-container no ENROOT_IMAGE configured",
     ] + [ln for ln in lines(proc) if ln.startswith("OK enroot-space free: /run/enroot ")]
     assert ib.updates() == [] and ib.slurm() == {"state": "IDLE", "reason": ""}
 
@@ -69,10 +73,12 @@ def test_healthy_roce_node(roce: Node) -> None:
     proc = roce.run()
     assert proc.returncode == 0, proc.stdout + proc.stderr
     got = statuses(proc)
-    assert got == {"gpu-count": {"OK"}, "gpu-ecc": {"OK"}, "gpu-xid": {"OK"}, "ib-ports": {"OK"}, "roce-gid": {"OK"},
-                   "socket-if": {"OK"}, "enroot-start": {"SKIP"}, "enroot-space": {"OK"}}
+    assert got == {"gpu-count": {"OK"}, "gpu-ecc": {"OK"}, "gpu-xid": {"OK"}, "gpu-fabric": {"SKIP"},
+                   "gpu-nvlink": {"SKIP"}, "gpu-peermem": {"SKIP"}, "ib-ports": {"OK"}, "roce-gid": {"OK"},
+                   "socket-if": {"OK"}, "enroot-start": {"SKIP"}, "gpu-container": {"SKIP"}, "enroot-space": {"OK"}}
     assert "OK ib-ports 9 ports ACTIVE, LinkUp, Ethernet (NCCL_IB_HCA=mlx5)" in lines(proc)
     assert "OK roce-gid GID 3 is RoCE v2 on 9 ports" in lines(proc)
+    assert "SKIP gpu-fabric no NVSwitch on the PCI bus and no GPU fabric state: no Fabric Manager needed" in lines(proc)
 
 
 def gid_type(node: Node, hca: str, index: int, kind: str) -> None:
@@ -86,63 +92,114 @@ def drop_gids(node: Node, hca: str, keep: int) -> None:
     node.set_port(hca, gids={i: g for i, g in node.machine.port(hca).gids.items() if i < keep})
 
 
+def drop_gpu(node: Node, index: int) -> None:
+    """The -q report without GPU INDEX's block (a GPU the driver no longer lists)."""
+    text = node.q()
+    heads = [i for i, ln in enumerate(text.splitlines(keepends=True)) if ln.startswith("GPU 0000")]
+    all_lines = text.splitlines(keepends=True)
+    end = heads[index + 1] if index + 1 < len(heads) else len(all_lines)
+    node.set_q("".join(all_lines[:heads[index]] + all_lines[end:]))
+
+
+def link_inactive(node: Node, gpu: int, link: int) -> None:
+    out, current = [], -1
+    for ln in node.nvlink().splitlines(keepends=True):
+        if ln.startswith("GPU "):
+            current += 1
+        elif current == gpu and ln.strip().startswith(f"Link {link}:"):
+            ln = f"         Link {link}: <inactive>\n"
+        out.append(ln)
+    node.set_nvlink("".join(out))
+
+
+def gpu_container(node: Node) -> None:
+    node.change(config={"ENROOT_IMAGE": "health-probe"})
+    node.with_driver()
+
+
 SMI_DRIVER_ERROR = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
                     "Make sure that the latest NVIDIA driver is installed and running.")
+VOLATILE = ("ECC Errors", "Volatile")
 
-# Each failure: how to break the healthy tree, and the exact drain reason it must produce.
-FAILURES = [
-    ("ib", "missing-port", lambda n: n.drop_port("mlx5_ib3"), "mlx5_ib3 port 1 missing"),
-    ("ib", "port-down", lambda n: n.set_port("mlx5_ib2", state="1: DOWN", phys_state="2: Polling"),
+# Each failure: how to prepare the healthy tree (None: nothing), how to break it, and the exact
+# drain reason it must produce.
+FAILURES: list[tuple[str, str, Callable[[Node], object] | None, Callable[[Node], object], str]] = [
+    ("ib", "missing-port", None, lambda n: n.drop_port("mlx5_ib3"), "mlx5_ib3 port 1 missing"),
+    ("ib", "port-down", None, lambda n: n.set_port("mlx5_ib2", state="1: DOWN", phys_state="2: Polling"),
      "mlx5_ib2 port 1 DOWN"),
-    ("ib", "port-init", lambda n: n.set_port("mlx5_ib6", state="2: INIT"), "mlx5_ib6 port 1 INIT"),
-    ("ib", "phys-not-linkup", lambda n: n.set_port("mlx5_ib1", phys_state="6: LinkErrorRecovery"),
+    ("ib", "port-init", None, lambda n: n.set_port("mlx5_ib6", state="2: INIT"), "mlx5_ib6 port 1 INIT"),
+    ("ib", "phys-not-linkup", None, lambda n: n.set_port("mlx5_ib1", phys_state="6: LinkErrorRecovery"),
      "mlx5_ib1 port 1 phys_state LinkErrorRecovery"),
-    ("ib", "wrong-rate", lambda n: n.set_port("mlx5_ib5", rate="200 Gb/sec (4X HDR)"),
+    ("ib", "wrong-rate", None, lambda n: n.set_port("mlx5_ib5", rate="200 Gb/sec (4X HDR)"),
      "mlx5_ib5 port 1 at 200 Gb/s, expected 400"),
-    ("ib", "wrong-link-layer", lambda n: n.set_port("mlx5_ib0", link_layer="Ethernet"),
+    ("ib", "wrong-link-layer", None, lambda n: n.set_port("mlx5_ib0", link_layer="Ethernet"),
      "mlx5_ib0 port 1 link layer Ethernet, expected InfiniBand"),
-    ("roce", "roce-port-down", lambda n: n.set_port("mlx5_2", state="1: DOWN", phys_state="3: Disabled"),
+    ("roce", "roce-port-down", None, lambda n: n.set_port("mlx5_2", state="1: DOWN", phys_state="3: Disabled"),
      "mlx5_2 port 1 DOWN"),
-    ("roce", "gid-roce-v1", lambda n: gid_type(n, "mlx5_1", 3, "IB/RoCE v1"),
+    ("roce", "gid-roce-v1", None, lambda n: gid_type(n, "mlx5_1", 3, "IB/RoCE v1"),
      "mlx5_1 port 1 GID 3 is IB/RoCE v1, not RoCE v2"),
-    ("roce", "gid-unset", lambda n: drop_gids(n, "mlx5_4", 2), "mlx5_4 port 1 GID 3 not set"),
-    ("roce", "no-roce-port", lambda n: n.change(ports=[]), "0 RDMA ports match NCCL_IB_HCA=mlx5, expected 1"),
-    ("ib", "ifname-down", lambda n: n.change(netdevs={**n.machine.netdevs, "eth0": ("down", "0")}),
+    ("roce", "gid-unset", None, lambda n: drop_gids(n, "mlx5_4", 2), "mlx5_4 port 1 GID 3 not set"),
+    ("roce", "no-roce-port", None, lambda n: n.change(ports=[]),
+     "0 RDMA ports match NCCL_IB_HCA=mlx5 (Ethernet), expected 1"),
+    ("ib", "ifname-down", None, lambda n: n.change(netdevs={**n.machine.netdevs, "eth0": ("down", "0")}),
      "eth0 down (NCCL_SOCKET_IFNAME=eth0)"),
-    ("ib", "ifname-missing", lambda n: n.change(netdevs={k: v for k, v in n.machine.netdevs.items() if k != "eth0"}),
+    ("ib", "ifname-missing", None,
+     lambda n: n.change(netdevs={k: v for k, v in n.machine.netdevs.items() if k != "eth0"}),
      "no interface matches NCCL_SOCKET_IFNAME=eth0"),
-    ("ib", "gpu-count-low", lambda n: n.set_gpus("".join(n.gpu_csv().splitlines(keepends=True)[:7])),
-     "7 GPUs, expected 8"),
-    ("roce", "no-gpus", lambda n: n.set_gpus(""), "0 GPUs, expected at least 1"),
-    ("ib", "nvidia-smi-fails", lambda n: n.env.update(FAKE_SMI_FAIL="1"),  # the message, cut at 120 characters
+    ("ib", "gpu-count-low", None, lambda n: drop_gpu(n, 7), "7 GPUs, expected 8"),
+    ("roce", "gpu-lost", None,  # the driver lost GPU 4: nvidia-smi reports the others, and fails
+     lambda n: (drop_gpu(n, 4), n.set_q(n.q() + "Unable to determine the device handle for GPU0000:8D:00.0: "
+                                         "Unknown Error\n", rc=15)),
+     "7 GPUs, expected 8 (nvidia-smi rc 15: Unable to determine the device handle for GPU0000:8D:00.0: Unknown Error)"),
+    ("ib", "nvidia-smi-fails", None, lambda n: n.env.update(FAKE_SMI_FAIL="1"),  # the message, cut at 120 characters
      f"nvidia-smi failed (rc 9: {SMI_DRIVER_ERROR[:120]}), expected 8 GPUs"),
-    ("ib", "ecc-uncorrected", lambda n: n.set_gpus(n.gpu_csv().replace("3, 00000008:00:00.0, Enabled, 0, 0",
-                                                                       "3, 00000008:00:00.0, Enabled, 2, 17")),
+    ("ib", "ecc-uncorrected", None, lambda n: n.set_gpu_field(3, VOLATILE + ("DRAM Uncorrectable",), "2"),
      "GPU 3 2 uncorrected ECC errors"),
-    ("ib", "ecc-corrected", lambda n: n.set_gpus(n.gpu_csv().replace("6, 0000000B:00:00.0, Enabled, 0, 0",
-                                                                     "6, 0000000B:00:00.0, Enabled, 0, 20000001")),
+    ("ib", "ecc-sram-uncorrected", None,
+     lambda n: n.set_gpu_field(0, VOLATILE + ("SRAM Uncorrectable SEC-DED",), "1"), "GPU 0 1 uncorrected ECC errors"),
+    ("ib", "ecc-corrected", None, lambda n: n.set_gpu_field(6, VOLATILE + ("DRAM Correctable",), "20000001"),
      "GPU 6 20000001 corrected ECC errors, limit 20000000"),
-    ("ib", "row-remap-pending", lambda n: n.set_gpus(remap=n.remap_csv().replace("0000000A:00:00.0, 0, 0",
-                                                                                "0000000A:00:00.0, 1, 0")),
+    ("ib", "row-remap-pending", None, lambda n: n.set_gpu_field(5, ("Remapped Rows", "Pending"), "Yes"),
      "GPU 5 row remapping pending (reset the GPU)"),
-    ("ib", "row-remap-failed", lambda n: n.set_gpus(remap=n.remap_csv().replace("00000002:00:00.0, 0, 0",
-                                                                               "00000002:00:00.0, 0, 1")),
-     "GPU 1 row remapping failed"),
-    ("ib", "xid-79", lambda n: n.change(kernel_log="xid79.log"), "GPU 3 XID 79"),
-    ("ib", "low-free-space", lambda n: n.change(config={"MIN_FREE_GB": "999999999"}),
+    ("ib", "row-remap-failed", None,
+     lambda n: n.set_gpu_field(1, ("Remapped Rows", "Remapping Failure Occurred"), "Yes"), "GPU 1 row remapping failed"),
+    ("ib", "row-remap-uncorrectable", None,
+     lambda n: n.set_gpu_field(2, ("Remapped Rows", "Uncorrectable Error"), "513"),
+     "GPU 2 513 rows remapped for uncorrectable errors, limit 512"),
+    ("ib", "reset-required", None, lambda n: n.set_gpu_field(4, ("GPU Reset Status", "Reset Required"), "Yes"),
+     "GPU 4 needs a reset (nvidia-smi: Reset Required)"),
+    ("ib", "xid-79", None, lambda n: n.change(kernel_log="kern/xid79.log"),
+     "GPU 3 XID 79 GPU has fallen off the bus (NVIDIA: RESTART_BM)"),
+    ("ib", "xid-149-nvlink5", None, lambda n: n.change(kernel_log="kern/nvlink5.log"),
+     "GPU 3 XID 149 NVLINK: NETIR Error (NVIDIA: WORKFLOW_NVLINK5_ERR)"),
+    ("ib", "fabric-manager-inactive", None, lambda n: n.change(services={"nvidia-fabricmanager": "inactive"}),
+     "nvidia-fabricmanager is inactive (NVSwitch system: Fabric Manager must run)"),
+    ("ib", "fabric-state", None, lambda n: (n.set_gpu_field(2, ("Fabric", "State"), "In Progress"),
+                                            n.set_gpu_field(2, ("Fabric", "Status"), "N/A")),
+     "GPU 2 fabric state In Progress (Fabric Manager)"),
+    ("ib", "nvlink-inactive", None, lambda n: link_inactive(n, 1, 5), "GPU 1 NVLink 5 inactive"),
+    ("ib", "peermem-not-loaded", None, lambda n: n.change(modules=()),
+     "nvidia_peermem not loaded (GPUDirect RDMA: modprobe nvidia-peermem)"),
+    ("ib", "low-free-space", None, lambda n: n.change(config={"MIN_FREE_GB": "999999999"}),
      "/mnt/resource/enroot-cache"),
-    ("ib", "enroot-start-fails", lambda n: (n.change(config={"ENROOT_IMAGE": "pytorch-health"}),
-                                            n.env.update(FAKE_ENROOT_START_FAIL="1")),
-     "enroot start pytorch-health failed (rc 1: [ERROR] No such file or directory: "
-     "/mnt/resource/enroot-data/user-0/pytorch-health)"),
+    ("ib", "enroot-start-fails", gpu_container, lambda n: n.env.update(FAKE_ENROOT_START_FAIL="1"),
+     "enroot start health-probe failed (rc 1: [ERROR] No such file or directory: "
+     "/mnt/resource/enroot-data/user-0/health-probe)"),
+    ("ib", "gpu-container-no-driver", gpu_container, lambda n: n.env.pop("STANDIN_NVC"),
+     "nvidia-container-cli: initialization error: nvml error: driver not loaded "
+     "(enroot start health-probe with NVIDIA_VISIBLE_DEVICES=all)"),
 ]
 
 
-@pytest.mark.parametrize("kind,name,breaker,reason", FAILURES, ids=[f[1] for f in FAILURES])
+@pytest.mark.parametrize("kind,name,prepare,breaker,reason", FAILURES, ids=[f[1] for f in FAILURES])
 def test_each_failure_drains_with_its_precise_reason(tmp_path: Path, kind: str, name: str,
+                                                     prepare: Callable[[Node], object] | None,
                                                      breaker: Callable[[Node], object], reason: str) -> None:
     node = Node(tmp_path, azure_nd_h200_v5() if kind == "ib" else roce_a100())
-    assert node.run("--no-drain").returncode == 0, "the tree must be healthy before breaking it"
+    if prepare:
+        prepare(node)
+    healthy = node.run("--no-drain")
+    assert healthy.returncode == 0, "the tree must be healthy before breaking it:\n" + healthy.stdout + healthy.stderr
     breaker(node)
     proc = node.run()
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -159,23 +216,33 @@ def test_each_failure_drains_with_its_precise_reason(tmp_path: Path, kind: str, 
     assert f"DRAIN {node.name} {want}" in proc.stdout
 
 
-def test_fatal_and_other_xids(ib: Node) -> None:
-    ib.change(kernel_log="xid13.log")
+def test_application_xids_do_not_drain_and_the_list_is_data(ib: Node) -> None:
+    ib.change(kernel_log="kern/xid13.log")  # NVIDIA's catalog: XID 13, RESTART_APP
     proc = ib.run("--no-drain")
-    assert proc.returncode == 0 and "OK gpu-xid no fatal XIDs (others seen: 13)" in lines(proc)
-    ib.change(config={"GPU_FATAL_XIDS": "13 79"})  # the list is data: a site may add XIDs
-    assert first_failure(ib.run("--no-drain")) == "GPU 0 XID 13"
+    assert proc.returncode == 0 and "OK gpu-xid no XIDs that drain (others seen: 13)" in lines(proc), proc.stdout
+    ib.change(config={"GPU_FATAL_XIDS": "13 79"})  # a site may add XIDs (e.g. Azure's list)
+    assert first_failure(ib.run("--no-drain")) == "GPU 0 XID 13 Graphics Engine Exception (NVIDIA: RESTART_APP)"
+    ib.change(config={"GPU_XID_ACTIONS": "RESTART_APP"})  # or the catalog actions that drain
+    assert first_failure(ib.run("--no-drain")) == "GPU 0 XID 13 Graphics Engine Exception (NVIDIA: RESTART_APP)"
+
+
+def test_a_nonfatal_nvlink5_event_does_not_drain(ib: Node) -> None:
+    log = ib.root / "var/log/kern.log"
+    ib.change(kernel_log="kern/nvlink5.log")
+    log.write_text("".join(ln for ln in log.read_text().splitlines(keepends=True) if " 144, " in ln))
+    proc = ib.run("--no-drain")
+    assert proc.returncode == 0 and "OK gpu-xid no XIDs that drain (others seen: 144)" in lines(proc), proc.stdout
 
 
 def test_several_failures_give_the_first_and_a_count(ib: Node) -> None:
     ib.set_port("mlx5_ib2", state="1: DOWN", phys_state="2: Polling")
     ib.set_port("mlx5_ib4", state="1: DOWN", phys_state="2: Polling")
-    ib.change(kernel_log="xid79.log")
+    ib.change(kernel_log="kern/xid79.log")
     proc = ib.run()
     assert proc.returncode == 1
-    assert lines(proc, "FAIL") == ["FAIL gpu-xid GPU 3 XID 79", "FAIL ib-ports mlx5_ib2 port 1 DOWN",
-                                   "FAIL ib-ports mlx5_ib4 port 1 DOWN"]
-    assert ib.slurm()["reason"] == "lingjun-health: GPU 3 XID 79 (+2 more)"
+    assert lines(proc, "FAIL") == ["FAIL gpu-xid GPU 3 XID 79 GPU has fallen off the bus (NVIDIA: RESTART_BM)",
+                                   "FAIL ib-ports mlx5_ib2 port 1 DOWN", "FAIL ib-ports mlx5_ib4 port 1 DOWN"]
+    assert ib.slurm()["reason"] == "lingjun-health: GPU 3 XID 79 GPU has fallen off the bus (NVIDIA: RESTART_BM) (+2 more)"
 
 
 def test_nccl_ib_hca_selects_the_ports_checked(roce: Node) -> None:
@@ -188,9 +255,9 @@ def test_nccl_ib_hca_selects_the_ports_checked(roce: Node) -> None:
     proc = roce.run("--no-drain", NCCL_IB_HCA="^mlx5_0")  # the environment overrides nccl.conf
     assert proc.returncode == 0 and "OK ib-ports 8 ports ACTIVE, LinkUp, Ethernet (NCCL_IB_HCA=^mlx5_0)" in lines(proc)
     proc = roce.run("--no-drain", NCCL_IB_HCA="mlx5_1:2")  # port 2 does not exist
-    assert first_failure(proc) == "0 RDMA ports match NCCL_IB_HCA=mlx5_1:2, expected 1"
+    assert first_failure(proc) == "0 RDMA ports match NCCL_IB_HCA=mlx5_1:2 (Ethernet), expected 1"
     proc = roce.run("--no-drain", NCCL_IB_HCA="=mlx5")  # exact: no device is called just mlx5
-    assert first_failure(proc) == "0 RDMA ports match NCCL_IB_HCA==mlx5, expected 1"
+    assert first_failure(proc) == "0 RDMA ports match NCCL_IB_HCA==mlx5 (Ethernet), expected 1"
 
 
 def test_gid_index_minus_one_lets_nccl_choose(roce: Node) -> None:
@@ -220,9 +287,10 @@ def test_socket_ifname_prefix_exclusion_and_virtual_interfaces(roce: Node) -> No
 
 
 def test_enroot_start_with_a_container_and_a_local_image(ib: Node) -> None:
-    ib.change(config={"ENROOT_IMAGE": "health-probe"})
+    ib.change(sku="cpu", nccl={"NCCL_SOCKET_IFNAME": None}, config={"ENROOT_IMAGE": "health-probe"})
     proc = ib.run("--no-drain")
-    assert proc.returncode == 0 and "OK enroot-start enroot started health-probe" in lines(proc)
+    assert proc.returncode == 0 and "OK enroot-start enroot started health-probe" in lines(proc), proc.stdout
+    assert "SKIP gpu-container SKU cpu expects no GPUs" in lines(proc)
     assert ib.enroot_calls() == [["start", "health-probe", "true"]]
     ib.change(config={"ENROOT_IMAGE": "/opt/lingjun/health.sqsh"})
     assert first_failure(ib.run("--no-drain")) == "image /opt/lingjun/health.sqsh not found"
@@ -267,9 +335,10 @@ def test_skips_for_a_cpu_node(tmp_path: Path) -> None:
     proc = node.run()
     assert proc.returncode == 0, proc.stdout
     got = statuses(proc)
-    assert got["gpu-count"] == got["gpu-ecc"] == got["gpu-xid"] == got["ib-ports"] == got["roce-gid"] == {"SKIP"}
+    for check in ("gpu-count", "gpu-ecc", "gpu-xid", "gpu-fabric", "gpu-nvlink", "gpu-peermem", "ib-ports",
+                  "roce-gid", "socket-if"):
+        assert got[check] == {"SKIP"}, check
     assert "SKIP gpu-count SKU cpu expects no GPUs" in lines(proc)
-    assert got["socket-if"] == {"SKIP"}
 
 
 def test_xid_needs_a_kernel_log_under_root(ib: Node) -> None:
@@ -279,10 +348,28 @@ def test_xid_needs_a_kernel_log_under_root(ib: Node) -> None:
     assert first_failure(ib.run("--no-drain")) == f"cannot read kernel log {ib.root}/var/log/missing.log"
 
 
-def test_gpus_without_row_remapping(ib: Node) -> None:
-    ib.set_gpus(remap="")  # the stand-in then rejects the query, as nvidia-smi does on V100
+def test_xid_window(ib: Node) -> None:
+    """XIDs are judged within GPU_XID_WINDOW_HOURS (default 2, Azure's check_gpu_xid window) of
+    their last occurrence; empty judges the whole log (this boot). The log: 19:02:39 (syslog)."""
+    ib.change(kernel_log="kern/xid79.log")
+    assert first_failure(ib.run("--no-drain")).startswith("GPU 3 XID 79 ")  # the machine's clock: 20:00
+    later = str(int(ib.machine.now) + 3 * 3600)
+    proc = ib.run("--no-drain", LINGJUN_HEALTH_NOW=later)
+    assert proc.returncode == 0 and "OK gpu-xid no XIDs in the kernel log within 2 h; older than 2 h, not judged: " \
+        "XID 79" in lines(proc), proc.stdout
+    ib.change(dropins={"90-xid.conf": "GPU_XID_WINDOW_HOURS=\n"})
+    assert first_failure(ib.run("--no-drain", LINGJUN_HEALTH_NOW=later)).startswith("GPU 3 XID 79 ")
+    ib.change(dropins={"90-xid.conf": "GPU_XID_WINDOW_HOURS=4\n"})
+    assert first_failure(ib.run("--no-drain", LINGJUN_HEALTH_NOW=later)).startswith("GPU 3 XID 79 ")
+
+
+def test_xid_relative_stamps_use_the_uptime(ib: Node) -> None:
+    """dmesg's "[  8211.93]" counts from boot: /proc/uptime places it (uptime 9000 s: 13 min ago)."""
+    ib.change(kernel_log="kern/nvlink5.log")
+    assert first_failure(ib.run("--no-drain")).startswith("GPU 3 XID 149 ")
+    ib.change(uptime=8102 + 3 * 3600)
     proc = ib.run("--no-drain")
-    assert proc.returncode == 0 and "OK gpu-ecc no uncorrected ECC errors (row remapping not reported)" in lines(proc)
+    assert proc.returncode == 0 and "older than 2 h, not judged: XID 144 149" in lines(proc)[2], proc.stdout
 
 
 def test_json_document(ib: Node) -> None:
@@ -295,6 +382,7 @@ def test_json_document(ib: Node) -> None:
     assert {"status": "FAIL", "check": "ib-ports", "detail": "mlx5_ib2 port 1 DOWN"} in doc["checks"]
     assert [c["check"] for c in doc["checks"]][:3] == ["gpu-count", "gpu-ecc", "gpu-xid"]
     assert doc["action"] == "drain" and doc["reason"] == "lingjun-health: mlx5_ib2 port 1 DOWN"
+    assert isinstance(doc["seconds"], int)
     ib.change(nccl={"NCCL_SOCKET_IFNAME": 'e"th\\0'})  # quotes and backslashes survive
     doc = json.loads(ib.run("--json", "--no-drain").stdout)
     assert {"status": "FAIL", "check": "socket-if", "detail": 'no interface matches NCCL_SOCKET_IFNAME=e"th\\0'} \
@@ -316,7 +404,36 @@ def test_config_overrides_thresholds(roce: Node) -> None:
     roce.change(config={"GPU_COUNT": "8", "IB_PORT_COUNT": "10", "IB_RATE_GBPS": "200"})
     fails = [ln.split(" ", 2)[2] for ln in lines(roce.run("--no-drain"), "FAIL")]
     assert fails[0] == "mlx5_0 port 1 at 100 Gb/s, expected 200" and fails[-1] == \
-        "9 RDMA ports match NCCL_IB_HCA=mlx5, expected 10"
+        "9 RDMA ports match NCCL_IB_HCA=mlx5 (Ethernet), expected 10"
+
+
+def test_site_drop_ins_override_the_config_in_name_order(roce: Node) -> None:
+    """health.conf.d/*.conf (the installer never touches them) come after health.conf, in name
+    order: a site's GPU_COUNT survives the installer rewriting health.conf."""
+    roce.change(config={"GPU_COUNT": "8"}, dropins={"10-site.conf": "GPU_COUNT=4\n", "20-later.conf": "# nothing\n",
+                                                    "README": "not a .conf: never read\nnot=KEY VALUE\n"})
+    assert first_failure(roce.run("--no-drain")) == "8 GPUs, expected 4"
+    roce.change(dropins={"10-site.conf": "GPU_COUNT=4\n", "20-later.conf": "GPU_COUNT=\n"})
+    assert roce.run("--no-drain").returncode == 0  # empty: GPUs present, count unchecked
+    drop_gpu_all = roce.q().split("\nGPU 0000")[0] + "\n"
+    roce.set_q(drop_gpu_all)
+    assert first_failure(roce.run("--no-drain")) == "0 GPUs, expected at least 1"
+    roce.change(dropins={"30-typo.conf": "GPU_COUNTS=8\n"})
+    proc = roce.run("--no-drain")
+    assert proc.returncode == 2 and "health.conf.d/30-typo.conf:1: unknown key GPU_COUNTS" in proc.stderr
+    roce.change(dropins={"30-bad.conf": "# site\nIB_RATE_GBPS=fast\n"})
+    proc = roce.run("--no-drain")
+    assert proc.returncode == 2 and "health.conf.d/30-bad.conf:2: IB_RATE_GBPS=fast: must be a whole number" \
+        in proc.stderr, proc.stderr
+
+
+def test_drop_ins_alone_are_a_config(roce: Node) -> None:
+    (roce.root / "etc/lingjun-slurm/health.conf").unlink()
+    roce.change(dropins={"site.conf": "SKU=ml.gu7xf.8xlarge-gu108\nKERNEL_LOG=/var/log/kern.log\nMIN_FREE_GB=1\n"})
+    (roce.root / "etc/lingjun-slurm/health.conf").unlink()
+    proc = roce.run("--no-drain", "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert Path(json.loads(proc.stdout)["thresholds"]).name == "lingjun.conf"
 
 
 @pytest.mark.parametrize("args,config,message", [
@@ -326,10 +443,13 @@ def test_config_overrides_thresholds(roce: Node) -> None:
     ([], "SKU=Standard_ND96isr_H200_v5\nthis is not a setting\n", "health.conf:2: expected KEY=VALUE"),
     ([], "SKU=Standard_ND99_unknown\n", "no thresholds for SKU 'Standard_ND99_unknown'"),
     ([], "KERNEL_LOG=/var/log/kern.log\n", "SKU is not set"),
-    ([], "SKU=cpu\nMIN_FREE_GB=lots\n", "MIN_FREE_GB=lots: must be a whole number"),
+    ([], "SKU=cpu\nMIN_FREE_GB=lots\n", "health.conf:2: MIN_FREE_GB=lots: must be a whole number"),
     ([], "SKU=cpu\nIB_PORTS=mlx5_ib0\n", "IB_PORTS: 'mlx5_ib0' is not HCA:PORT"),
     ([], "SKU=cpu\nIB_LINK_LAYER=RoCE\n", "IB_LINK_LAYER=RoCE: use InfiniBand or Ethernet"),
     ([], "SKU=cpu\nTHRESHOLDS_DIR=/nowhere\n", "THRESHOLDS_DIR"),
+    ([], "SKU=cpu\nFABRIC_MANAGER=maybe\n", "health.conf:2: FABRIC_MANAGER=maybe: use yes, no or auto"),
+    ([], "SKU=cpu\nGPU_XID_ACTIONS=reset gpu\n", "GPU_XID_ACTIONS: 'reset' is not an action of NVIDIA's XID catalog"),
+    ([], "SKU=cpu\nTIME_BUDGET=5\n", "health.conf:2: TIME_BUDGET=5: must be more than 9 seconds"),
 ])
 def test_bad_usage_and_config_exit_2(ib: Node, args: list[str], config: str | None, message: str) -> None:
     if config is not None:
@@ -337,6 +457,7 @@ def test_bad_usage_and_config_exit_2(ib: Node, args: list[str], config: str | No
     proc = ib.run(*args)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert ib.calls() == [] and proc.stdout == ""
+    assert "internal error" not in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_missing_config_needs_sku(ib: Node) -> None:
@@ -350,7 +471,7 @@ def test_missing_config_needs_sku(ib: Node) -> None:
 def test_config_is_parsed_never_sourced(ib: Node, tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
     (ib.root / "etc/lingjun-slurm/health.conf").write_text(
-        f'SKU="Standard_ND96isr_H200_v5"\nKERNEL_LOG=/var/log/kern.log\nENROOT_IMAGE=$(touch {marker})\n')
+        f'SKU="cpu"\nKERNEL_LOG=/var/log/kern.log\nENROOT_IMAGE=$(touch {marker})\n')
     proc = ib.run("--no-drain")
     assert not marker.exists()
     assert f"OK enroot-start enroot started $(touch {marker})" in proc.stdout
@@ -360,8 +481,8 @@ def test_root_from_environment(ib: Node) -> None:
     env = {"LINGJUN_HEALTH_ROOT": str(ib.root)}
     proc = ib.run("--no-drain", **env)
     assert proc.returncode == 0
-    full = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "SLURM"))}
-    full.update(PATH=f"{ib.bin}:{os.environ['PATH']}", FAKE_SMI_DIR=str(ib.smi_dir), **env)
+    full = ib.base_env()
+    full.update(env)
     proc = subprocess.run(["bash", str(REPO / "lingjun_slurm/health/lingjun-health"), "--no-drain", "--node", "n1"],
                           capture_output=True, text=True, env=full)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -375,16 +496,26 @@ def test_xid_from_dmesg_without_root(ib: Node, tmp_path: Path) -> None:
     dmesg.chmod(0o755)
     config = tmp_path / "health.conf"
     config.write_text(f"SKU=Standard_ND96isr_H200_v5\nIB_PORTS=\nIB_PORT_COUNT=0\nNCCL_CONF={tmp_path}/none\n"
-                      f"ENROOT_CONF={tmp_path}/none\nSTATE_DIR={tmp_path}/state\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "SLURM"))}
-    env.update(PATH=f"{ib.bin}:{os.environ['PATH']}", FAKE_SMI_DIR=str(ib.smi_dir))
+                      f"ENROOT_CONF={tmp_path}/none\nSTATE_DIR={tmp_path}/state\nPEERMEM=no\n")
+    env = ib.base_env()
     argv = ["bash", str(REPO / "lingjun_slurm/health/lingjun-health"), "--config", str(config), "--no-drain"]
     proc = subprocess.run(argv, capture_output=True, text=True, env=env)
-    assert proc.returncode == 0 and "OK gpu-xid no XIDs in the kernel log" in lines(proc), proc.stdout + proc.stderr
-    ib.change(kernel_log="xid79.log")
+    assert proc.returncode == 0 and "OK gpu-xid no XIDs in the kernel log within 2 h" in lines(proc), \
+        proc.stdout + proc.stderr
+    ib.change(kernel_log="kern/xid79.log")
     proc = subprocess.run(argv, capture_output=True, text=True, env=env)
-    assert proc.returncode == 1 and lines(proc, "FAIL") == ["FAIL gpu-xid GPU 3 XID 79"], proc.stdout
+    assert proc.returncode == 1 and lines(proc, "FAIL") == [
+        "FAIL gpu-xid GPU 3 XID 79 GPU has fallen off the bus (NVIDIA: RESTART_BM)"], proc.stdout
     dmesg.write_text("#!/bin/sh\necho 'dmesg: read kernel buffer failed: Operation not permitted' >&2\nexit 1\n")
     proc = subprocess.run(argv, capture_output=True, text=True, env=env)
     assert lines(proc, "FAIL") == ["FAIL gpu-xid cannot read the kernel log (dmesg rc 1: dmesg: read kernel buffer "
                                    "failed: Operation not permitted)"]
+
+
+def test_q_set_changes_one_field_of_one_gpu() -> None:
+    """The test helper itself: one field of one GPU, alignment kept, the rest untouched."""
+    text = azure_nd_h200_v5().smi_q
+    changed = q_set(text, 3, ("ECC Errors", "Volatile", "DRAM Uncorrectable"), "2")
+    diff = [(a, b) for a, b in zip(text.splitlines(), changed.splitlines()) if a != b]
+    assert diff == [("            DRAM Uncorrectable            : 0", "            DRAM Uncorrectable            : 2")]
+    assert os.linesep == "\n"

@@ -21,10 +21,8 @@ def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Node:
     n = Node(tmp_path, azure_nd_h200_v5())
     for key in [k for k in os.environ if k.startswith(("NCCL_", "SLURM"))]:
         monkeypatch.delenv(key)
-    monkeypatch.setenv("PATH", f"{n.bin}:{os.environ['PATH']}")
-    for key, value in (("FAKE_SMI_DIR", n.smi_dir), ("FAKE_SLURM_STATE", n.state_file),
-                       ("FAKE_SLURM_CALLS", n.calls_file), ("FAKE_ENROOT_CALLS", n.enroot_file)):
-        monkeypatch.setenv(key, str(value))
+    for key, value in n.base_env().items():  # the stand-ins' PATH and settings
+        monkeypatch.setenv(key, value)
     return n
 
 

@@ -7,7 +7,7 @@ in tests/health/test_slurm.py.
 
 from __future__ import annotations
 
-import os
+import json
 import subprocess
 from pathlib import Path
 
@@ -29,6 +29,13 @@ def break_port(node: Node, hca: str = "mlx5_ib2") -> None:
 
 def heal_port(node: Node, hca: str = "mlx5_ib2") -> None:
     node.set_port(hca, state="4: ACTIVE", phys_state="5: LinkUp")
+
+
+def heal_in_place(node: Node, hca: str = "mlx5_ib2") -> None:
+    """The port comes up without rebuilding the tree (which would also drop /var/lib's state)."""
+    d = node.root / "sys/class/infiniband" / hca / "ports/1"
+    (d / "state").write_text("4: ACTIVE\n")
+    (d / "phys_state").write_text("5: LinkUp\n")
 
 
 def test_drain_then_resume_its_own_drain(node: Node) -> None:
@@ -121,9 +128,10 @@ def test_boot_failure_cleared_when_healthy_later(node: Node) -> None:
     break_port(node)
     node.run("--boot", FAKE_SLURM_DOWN="1")
     assert boot_file.exists()
-    heal_port(node)
-    proc = node.run()
+    heal_in_place(node)
+    proc = node.run("--json")
     assert proc.returncode == 0 and not boot_file.exists() and node.updates() == []
+    assert json.loads(proc.stdout)["message"] == f"the boot check's failure ({REASON}) is no longer seen"
 
 
 def test_boot_mode_with_slurm_up_drains_and_a_healthy_boot_is_quiet(node: Node) -> None:
@@ -148,10 +156,8 @@ def test_boot_failure_file_not_writable(node: Node) -> None:
 
 def test_node_name_from_slurmd_then_hostname(node: Node) -> None:
     break_port(node)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "SLURM"))}
-    env.update(PATH=f"{node.bin}:{os.environ['PATH']}", FAKE_SMI_DIR=str(node.smi_dir),
-               FAKE_SLURM_STATE=str(node.state_file), FAKE_SLURM_CALLS=str(node.calls_file),
-               SLURMD_NODENAME=node.name)
+    env = node.base_env()
+    env.update(SLURMD_NODENAME=node.name)
     proc = subprocess.run(["bash", str(packaged_program()), "--root", str(node.root)], capture_output=True, text=True,
                           env=env)
     assert proc.returncode == 1 and node.slurm()["reason"] == REASON, proc.stdout + proc.stderr
@@ -167,3 +173,60 @@ def test_output_lines_are_one_per_check_then_the_action(node: Node) -> None:
     break_port(node)
     out = node.run().stdout.splitlines()
     assert out[:-1] == lines(node.run("--no-drain")) and out[-1].startswith("DRAIN ")
+
+
+@pytest.mark.parametrize("state,reason", [
+    ("DOWN+NOT_RESPONDING", "Not responding"),  # slurmctld's view before slurmd answers
+    ("IDLE+CLOUD+POWERING_UP", ""),  # a CycleCloud node being resumed
+    ("IDLE+CLOUD+POWERED_DOWN", ""),
+    ("UNKNOWN", ""),  # slurmctld restarted, the node not heard from yet
+])
+def test_boot_keeps_the_verdict_until_slurmd_registers(node: Node, state: str, reason: str) -> None:
+    """At boot (cluster-init), before slurmd registered, the verdict stays on the node; slurmd's
+    first HealthCheckProgram run (at slurmd start, before it registers: slurmd.c main ->
+    run_script_health_check) applies it."""
+    boot_file = node.root / "var/lib/lingjun-slurm/health/boot-failure"
+    node.set_slurm(state, reason)
+    break_port(node)
+    proc = node.run("--boot")
+    assert proc.returncode == 1 and node.updates() == [], proc.stdout
+    why = f"slurmd has not registered yet (State={state}{', Reason=' + reason if reason else ''})"
+    assert f"BOOT-FAILURE {node.name} {REASON}: {why}; the verdict is kept in {boot_file} for slurmd's first " \
+           "HealthCheckProgram run" in proc.stdout
+    assert boot_file.read_text().rstrip("\n").split(" ", 1)[1] == REASON
+    proc = node.run()  # slurmd's first run: still not registered, and it applies the verdict
+    assert proc.returncode == 1 and node.updates() == [
+        ["update", f"NodeName={node.name}", "State=DRAIN", f"Reason={REASON}"]], proc.stdout
+    assert node.slurm()["reason"] == REASON and "DRAIN" in node.slurm()["state"]
+    assert "the boot check's verdict, kept since " in proc.stdout and " applied)" in proc.stdout
+    assert not boot_file.exists()
+
+
+def test_slurms_own_not_responding_is_not_someone_elses_verdict(node: Node) -> None:
+    """A periodic run comes from a running slurmd: Slurm's "Not responding" (which it clears
+    itself on registration, node_mgr.c) is drained over, an admin's DOWN is not."""
+    node.set_slurm("DOWN+NOT_RESPONDING", "Not responding")
+    break_port(node)
+    proc = node.run()
+    assert proc.returncode == 1 and node.slurm() == {"state": "DOWN+DRAIN+NOT_RESPONDING", "reason": REASON}
+    node.set_slurm("DOWN", "Not responding")  # no NOT_RESPONDING flag: someone set it DOWN with that text
+    proc = node.run()
+    assert f"KEEP {node.name} DOWN by someone else: Not responding" in proc.stdout
+    node.set_slurm("DOWN+NOT_RESPONDING", "Not responding")
+    heal_port(node)
+    proc = node.run()  # healthy: nothing of ours to resume, Slurm's state is Slurm's
+    assert proc.returncode == 0 and node.slurm() == {"state": "DOWN+NOT_RESPONDING", "reason": "Not responding"}
+
+
+def test_a_pending_boot_verdict_is_dropped_when_the_node_is_healthy_by_then(node: Node) -> None:
+    boot_file = node.root / "var/lib/lingjun-slurm/health/boot-failure"
+    node.set_slurm("IDLE+CLOUD+POWERING_UP", "")
+    break_port(node)
+    node.run("--boot")
+    assert boot_file.exists()
+    heal_in_place(node)
+    node.set_slurm("IDLE+CLOUD", "")
+    proc = node.run("--json")
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 0 and doc["action"] == "none" and not boot_file.exists()
+    assert doc["message"] == f"the boot check's failure ({REASON}) is no longer seen"

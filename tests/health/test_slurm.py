@@ -43,7 +43,8 @@ HealthNode = tuple[Node, dict[str, str], list[str]]  # the tree, the cluster's e
 @pytest.fixture
 def health_node(slurm_cluster: DevCluster, tmp_path: Path) -> Iterator[HealthNode]:
     """node5's tree, with the real scontrol; node5 resumed (and our jobs cancelled) afterwards."""
-    node = Node(tmp_path, azure_nd_h200_v5(), name=HEALTH_NODE, standins=("nvidia-smi", "enroot"))
+    node = Node(tmp_path, azure_nd_h200_v5(), name=HEALTH_NODE,
+                standins=("nvidia-smi", "enroot", "systemctl", "nvidia-container-cli"))
     node.env.update(slurm_cluster.env)  # the real scontrol, pointed at the test cluster
     assert not (node.bin / "scontrol").exists()
     jobs: list[str] = []
@@ -110,7 +111,7 @@ def test_a_drain_by_someone_else_is_never_resumed_or_rewritten(health_node: Heal
     proc = node.run()  # passing
     assert proc.returncode == 0 and f"KEEP {HEALTH_NODE} drained by someone else: {foreign}" in proc.stdout
     assert node_state(env, HEALTH_NODE)[1] == foreign
-    node.change(kernel_log="xid79.log")
+    node.change(kernel_log="kern/xid79.log")
     proc = node.run()  # failing
     assert proc.returncode == 1 and "FAIL gpu-xid GPU 3 XID 79" in proc.stdout
     state, reason = node_state(env, HEALTH_NODE)

@@ -73,12 +73,22 @@ def test_azure_figures(name: str) -> None:
     assert conf["GPU_COUNT"] == gpus and conf["IB_RATE_GBPS"] == rate and conf["IB_LINK_LAYER"] == "InfiniBand"
     assert conf["IB_PORTS"].split() == [f"mlx5_ib{i}:1" for i in range(ports)]
     assert conf["GPU_ECC_CORRECTED_MAX"] == "20000000" and conf["GPU_ECC_UNCORRECTED_MAX"] == "0"
+    # check_nvlink_status in each conf; azhpc-images ndv4.sh/ndv5.sh: Fabric Manager and nvidia-peermem
+    assert (conf["FABRIC_MANAGER"], conf["NVLINK"], conf["PEERMEM"]) == ("yes", "yes", "yes")
+    header = health.threshold_texts()[f"{name}.conf"]
+    assert "check_nvlink_status" in header and "nvidia-fabricmanager" in header and "nvidia-peermem" in header
 
 
-def test_lingjun_checks_only_what_is_published() -> None:
-    conf = health.parse_conf(health.threshold_texts()["lingjun.conf"])
+def test_lingjun_gpu_count_from_the_instance_type_names() -> None:
+    """The four Lingjun types: ".8-gu108"/".8-gu100" name 8 GPUs; the "8xlarge" ones are read the
+    same way (the file says so). Ports and rate are not published: not checked."""
+    text = health.threshold_texts()["lingjun.conf"]
+    conf = health.parse_conf(text)
     assert conf["IB_LINK_LAYER"] == "Ethernet" and conf["IB_HCA"] == "mlx5"  # RoCE, NICs named mlx5*
-    assert conf["GPU_COUNT"] == "" and "IB_RATE_GBPS" not in conf and conf["IB_PORT_COUNT"] == "1"
+    assert conf["GPU_COUNT"] == "8" and "IB_RATE_GBPS" not in conf and conf["IB_PORT_COUNT"] == "1"
+    for itype in conf["INSTANCE_TYPES"].split():
+        assert itype in text.split("INSTANCE_TYPES=")[0], f"{itype}: its GPU count is not explained"
+    assert "not confirmed on a node" in text
     lingjun = network.get_profile("lingjun")
     assert set(conf["INSTANCE_TYPES"].split()) == set(lingjun.instance_types)
     gid = next(v.value for v in lingjun.env if v.name == "NCCL_IB_GID_INDEX")
@@ -91,6 +101,37 @@ def test_docs_describe_every_key_and_every_thresholds_file() -> None:
         assert f"`{key}`" in doc, key
     for name in health.threshold_texts():
         assert f"`{name}`" in doc, name
-    for check in ("gpu-count", "gpu-ecc", "gpu-xid", "ib-ports", "roce-gid", "socket-if", "enroot-start",
-                  "enroot-space"):
+    for check in ("gpu-count", "gpu-ecc", "gpu-xid", "gpu-fabric", "gpu-nvlink", "gpu-peermem", "ib-ports",
+                  "roce-gid", "socket-if", "enroot-start", "gpu-container", "enroot-space"):
         assert f"`{check}`" in doc, check
+
+
+def xid_catalog() -> dict[int, tuple[str, str]]:
+    """The XID catalog the program carries (after its last line): code -> (action, description)."""
+    block = PROGRAM_TEXT.split("# BEGIN XID CATALOG\n", 1)[1].split("# END XID CATALOG\n", 1)[0]
+    out = {}
+    for line in block.splitlines():
+        code, action, text = line.removeprefix("# ").split("\t")
+        out[int(code)] = (action, text)
+    return out
+
+
+def test_the_xid_catalog_is_nvidias() -> None:
+    """Spot checks against NVIDIA's catalog (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html,
+    "Resolution Bucket (Immediate Action)"); "Unused" codes are left out."""
+    cat = xid_catalog()
+    assert cat[79] == ("RESTART_BM", "GPU has fallen off the bus")
+    assert cat[48] == ("WORKFLOW_XID_48", "Double Bit ECC Error")
+    assert cat[119] == ("RESET_GPU", "GSP RPC Timeout") and cat[120][0] == "RESET_GPU"
+    assert cat[13][0] == cat[31][0] == "RESTART_APP" and cat[43][0] == cat[63][0] == cat[92][0] == "IGNORE"
+    assert all(cat[x][0] == "WORKFLOW_NVLINK5_ERR" for x in range(144, 151))
+    assert 1 not in cat and 56 not in cat and all(text != "Unused" for _, text in cat.values())
+    assert "docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html" in PROGRAM_TEXT
+
+
+def test_which_catalog_actions_drain_by_default() -> None:
+    actions = set(re.search(r'readonly DEFAULT_XID_ACTIONS="([^"]*)"', PROGRAM_TEXT).group(1).split())  # type: ignore[union-attr]
+    cat = xid_catalog()
+    drains = {code for code, (action, _) in cat.items() if action in actions}
+    assert {48, 62, 64, 74, 79, 95, 119, 120, 140, 143, 144, 145, 146, 147, 148, 149, 150, 151} <= drains
+    assert not {8, 13, 31, 32, 43, 45, 63, 68, 69, 92, 94, 154} & drains  # application faults, informational

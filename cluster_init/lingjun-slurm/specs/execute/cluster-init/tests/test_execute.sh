@@ -32,6 +32,12 @@ if [ "$(state HEALTH)" = true ]; then
     check "/usr/local/sbin/lingjun-health (0755)" has_mode /usr/local/sbin/lingjun-health 755
     check "/etc/lingjun-slurm/health.conf (0644)" has_mode /etc/lingjun-slurm/health.conf 644
     check "health.conf names the SKU $(state SKU)" has_line /etc/lingjun-slurm/health.conf "SKU=$(state SKU)"
+    check "/etc/lingjun-slurm/health.conf.d/ for site settings (0755)" test "$(stat -c %a "$R/etc/lingjun-slurm/health.conf.d")" = 755
+    check "the installed thresholds are listed in their manifest" has_mode /etc/lingjun-slurm/health/thresholds.installed 644
+    if [ -z "$R" ] && [ "$(state HEALTH_BOOT_CHECK)" != off ]; then
+        # A real node: the program accepts its configuration (exit 2 = bad health.conf or drop-in).
+        check "lingjun-health accepts health.conf and health.conf.d" bash -c '/usr/local/sbin/lingjun-health --no-drain; [ $? -ne 2 ]'
+    fi
 fi
 if [ -z "$R" ] && [ "$(state ENROOT_INSTALL)" = true ]; then
     check "enroot version is $(state ENROOT_VERSION)" test "$(enroot version 2>/dev/null)" = "$(state ENROOT_VERSION)"

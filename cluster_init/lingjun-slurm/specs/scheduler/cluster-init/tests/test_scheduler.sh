@@ -12,7 +12,7 @@ lib=$spec_dir/../default/files/lib/node-test.sh
 lj_test_begin scheduler
 if [ "$(state HEALTH)" = true ]; then
     conf=$(state SLURM_CONF_DIR)/slurm.conf
-    check "$conf runs lingjun-health" has_line "$conf" "HealthCheckProgram=/usr/local/sbin/lingjun-health"
+    check "$conf runs the health check dispatcher $(state HEALTH_PROGRAM)" has_line "$conf" "HealthCheckProgram=$(state HEALTH_PROGRAM)"
     check "$conf has one HealthCheckProgram" test "$(grep -ciE '^[[:space:]]*HealthCheckProgram[[:space:]]*=' "$R$conf")" = 1
 fi
 lj_test_pyxis

@@ -49,7 +49,8 @@ lj_role_execute() {
         "HOOKS=$(lj_cfg enroot.hooks)" "PYXIS_MODE=$pyxis_mode" "PYXIS_PLUGIN=$LJ_PYXIS_PLUGIN" \
         "PYXIS_CONTAINER_SCOPE=$(lj_cfg pyxis.container_scope)" \
         "SLURM_CONF_DIR=$(lj_cfg slurm.conf_dir)" "NCCL_PROFILE=$LJ_NCCL_PROFILE" "SKU=$LJ_SKU" \
-        "HEALTH=$(lj_cfg health.enabled)" "CREDENTIALS=$([ -n "$LJ_CRED_STAGED" ] && echo true || echo false)"
+        "HEALTH=$(lj_cfg health.enabled)" "HEALTH_BOOT_CHECK=$(lj_cfg health.boot_check)" \
+        "CREDENTIALS=$([ -n "$LJ_CRED_STAGED" ] && echo true || echo false)"
     lj_slurmd_restart_mark
     lj_health_boot_check
     lj_slurmd_restart_if_needed
@@ -67,5 +68,6 @@ lj_role_submit_host() {
     fi
     lj_state_write "$role" "PYXIS_MODE=$(lj_cfg pyxis.mode)" "PYXIS_PLUGIN=$LJ_PYXIS_PLUGIN" \
         "PYXIS_CONTAINER_SCOPE=$(lj_cfg pyxis.container_scope)" \
-        "SLURM_CONF_DIR=$(lj_cfg slurm.conf_dir)" "HEALTH=$(lj_cfg health.enabled)"
+        "SLURM_CONF_DIR=$(lj_cfg slurm.conf_dir)" "HEALTH=$(lj_cfg health.enabled)" \
+        "HEALTH_PROGRAM=$LJ_HEALTH_DISPATCH"
 }
