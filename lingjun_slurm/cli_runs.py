@@ -8,6 +8,7 @@ Every command holds at most one connection per host (cli_remote.Connections).
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -188,8 +189,13 @@ def _collect(refs: list[str], conns: Connections) -> Collected:
                 except TransportError as exc:
                     if refs:
                         raise
-                    click.echo(f"warning: skipping run {e.run_id}: {exc} (`lingjun-slurm forget {e.run_id}` "
-                               "drops it)", err=True)
+                    if not e.remote and not os.path.isdir(e.run_dir):
+                        click.echo(f"warning: skipping run {e.run_id}: its run directory {e.run_dir} is gone "
+                                   "(deleted or moved); `lingjun-slurm forget --missing` drops every such run "
+                                   "from the index", err=True)
+                    else:
+                        click.echo(f"warning: skipping run {e.run_id}: {exc} (`lingjun-slurm forget {e.run_id}` "
+                                   "drops it)", err=True)
             collector = StatusCollector(t)
             runs = collector.collect(manifests)
         except HostUnreachable as exc:
@@ -588,14 +594,25 @@ def list_runs(as_json: bool, limit: int, host: Optional[str], cluster: Optional[
 
 
 @click.command()
-@click.argument("runs", nargs=-1, required=True)
-def forget(runs: tuple[str, ...]) -> None:
+@click.argument("runs", nargs=-1)
+@click.option("--missing", is_flag=True,
+              help="Also drop every run of this machine whose run directory is gone (remote runs are not checked: "
+                   "forget never connects).")
+def forget(runs: tuple[str, ...], missing: bool) -> None:
     """Drop runs from the index and their local copies (run directories and jobs are left alone)."""
     from .runs import mirror
     from .runs.index import RunIndex
 
+    if not runs and not missing:
+        raise UsageError("give RUN... to forget, or --missing to drop the runs whose run directory is gone")
     index = RunIndex()
     ids = [index.resolve(r).run_id for r in runs]
+    if missing:
+        gone = [e.run_id for e in index.entries() if not e.remote and not os.path.isdir(e.run_dir)]
+        ids += [i for i in gone if i not in ids]
+        if not ids:
+            click.echo("no run of this machine has lost its run directory; nothing to forget")
+            return
     index.remove(ids)
     for run_id in ids:
         mirror.remove(run_id)

@@ -123,14 +123,32 @@ def render_plan(plan: Plan) -> dict[str, str]:
 
 
 def write_files(files: dict[str, str], outdir: Path) -> list[Path]:
-    """Write atomically (temp file + rename); scripts are made executable."""
-    outdir.mkdir(parents=True, exist_ok=True)
+    """Write atomically (temp file + rename); scripts are made executable.
+
+    A directory that cannot be made or written (read-only, a file in the way, disk full) is
+    one TransportError naming the path and the OS's reason (exit 1, as every other I/O error),
+    never a traceback; a temp file already made is removed.
+    """
+    from .errors import TransportError
+
+    try:
+        outdir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise TransportError(f"cannot create the output directory {outdir}: {exc.strerror or exc}") from None
     written = []
     for name, text in files.items():
         path = outdir / name
         tmp = outdir / f".{name}.tmp{os.getpid()}"
-        tmp.write_text(text, encoding="utf-8")
-        os.chmod(tmp, 0o755 if name.endswith((".sh", ".sbatch")) else 0o644)
-        os.replace(tmp, path)
+        try:
+            tmp.write_text(text, encoding="utf-8")
+            os.chmod(tmp, 0o755 if name.endswith((".sh", ".sbatch")) else 0o644)
+            os.replace(tmp, path)
+        except OSError as exc:
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
+            raise TransportError(f"cannot write {path}: {exc.strerror or exc} "
+                                 "(give -o a directory you can write)") from None
         written.append(path)
     return written

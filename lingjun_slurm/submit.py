@@ -26,7 +26,7 @@ import secrets
 import shlex
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import Callable, NoReturn, Optional, Sequence
 
 from . import __version__
 from .errors import LingjunError, SubmitError, UsageError
@@ -279,6 +279,7 @@ def submit_slurm(t: Transport, prep: Prepared, index: RunIndex, echo: Echo, forc
     cluster = ClusterRecord(name=info.name, slurm_version=info.slurm_version, accounting=info.accounting,
                             jobcomp_type=info.jobcomp_type, jobcomp_loc=info.jobcomp_loc)
     wheels = code_to_ship(prep)  # a bad run.ship_wheels stops here, before anything is written
+    index.check()  # an unreadable runs.json stops here too, naming the file (runs/index.py)
     lock = take_workdir(t, prep, echo, force)
     rolled_back: list[bool] = []
     try:
@@ -287,8 +288,11 @@ def submit_slurm(t: Transport, prep: Prepared, index: RunIndex, echo: Echo, forc
         manifest = new_manifest(t, prep, "slurm", cluster)
         manifest.shipped = shipped
         save_manifest(t, manifest)
-        index.add(entry_for(manifest.run_id, manifest.name, manifest.created_at, "slurm", t.kind, t.host,
-                            manifest.run_dir, manifest.spec.source, cluster=prep.defaults.cluster))
+        try:
+            index.add(entry_for(manifest.run_id, manifest.name, manifest.created_at, "slurm", t.kind, t.host,
+                                manifest.run_dir, manifest.spec.source, cluster=prep.defaults.cluster))
+        except Exception as exc:  # noqa: BLE001 - nothing is queued yet: the record says so, then the error
+            _index_failed(t, manifest, index, exc)
         submit_stages(sched, manifest, list(prep.plan.stages), {}, echo, on_job=lock.record_jobs,
                       rolled_back=rolled_back)
     except BaseException:
@@ -302,8 +306,13 @@ def submit_slurm(t: Transport, prep: Prepared, index: RunIndex, echo: Echo, forc
 
 
 def prepare_local(t: Transport, prep: Prepared, index: RunIndex) -> Manifest:
-    """Write the run record of a local run; job ids are 1..N in chain order."""
-    write_run_dir(t, prep, new=True)
+    """Write the run record of a local run; job ids are 1..N in chain order.
+
+    The index entry is added first: a runs.json that cannot be read or written stops the
+    submit before the run directory exists, so no record marked "submitted" is left that no
+    runner will ever start (status would show it PENDING forever). If writing the run
+    directory fails after that, the entry is taken back out again.
+    """
     manifest = new_manifest(t, prep, "local", ClusterRecord(name="local"))
     for i, rec in enumerate(manifest.stages, start=1):
         rec.job_ids = [str(i)]
@@ -312,12 +321,43 @@ def prepare_local(t: Transport, prep: Prepared, index: RunIndex) -> Manifest:
     for rec in manifest.stages:
         for dep in rec.depends_on:
             dep.job_ids = list(by_name.get(dep.stage, []))
-    manifest.state = "submitted"
-    manifest.event("submit", stages=manifest.stage_names())
-    save_manifest(t, manifest)
-    index.add(entry_for(manifest.run_id, manifest.name, manifest.created_at, "local", t.kind, t.host,
-                        manifest.run_dir, manifest.spec.source))
+    try:
+        previous = [e for e in index.entries() if e.run_id == manifest.run_id]
+        index.add(entry_for(manifest.run_id, manifest.name, manifest.created_at, "local", t.kind, t.host,
+                            manifest.run_dir, manifest.spec.source))
+    except Exception as exc:  # noqa: BLE001 - nothing is written yet
+        detail = str(exc) if isinstance(exc, LingjunError) else f"{type(exc).__name__}: {exc}"
+        raise SubmitError(f"run {manifest.run_id} was not started: the run index could not be written: {detail}\n"
+                          "nothing was written and nothing ran.") from None
+    try:
+        write_run_dir(t, prep, new=True)
+        manifest.state = "submitted"
+        manifest.event("submit", stages=manifest.stage_names())
+        save_manifest(t, manifest)
+    except BaseException:
+        try:  # take the entry back out (and put back one it replaced)
+            index.remove([manifest.run_id])
+            for e in previous:
+                index.add(e)
+        except Exception:  # noqa: BLE001 - the original error matters more
+            pass
+        raise
     return manifest
+
+
+def _index_failed(t: Transport, manifest: Manifest, index: RunIndex, exc: Exception) -> NoReturn:
+    """The run directory is written but the index is not: mark the record failed (status then shows
+    NOT_SUBMITTED, "submission failed", never PENDING forever) and say so; nothing is queued yet."""
+    detail = str(exc) if isinstance(exc, LingjunError) else f"{type(exc).__name__}: {exc}"
+    manifest.state = "failed"
+    manifest.event("submit-failed", stage="index", error=detail, cancelled=[])
+    try:
+        save_manifest(t, manifest)
+        marked = f"the run directory {manifest.run_dir} is marked failed"
+    except Exception as save_exc:  # noqa: BLE001
+        marked = f"could not mark the run directory {manifest.run_dir} failed either ({save_exc}); delete it"
+    raise SubmitError(f"submission of run {manifest.run_id} failed before any job was queued: the run index "
+                      f"{index.path} could not be written: {detail}\n{marked}; nothing was queued.")
 
 
 def stages_from(manifest: Manifest, stage: str) -> list[str]:

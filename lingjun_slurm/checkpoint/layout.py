@@ -91,11 +91,33 @@ def read_tracker(ckpt_dir: Path) -> Tracker:
     return Tracker(path, raw, problem=f"tracker {path} {what}: expected an iteration number or 'release'")
 
 
+def current_umask() -> int:
+    """The process umask, read without changing it where Linux shows it (/proc/self/status, "Umask:",
+    Linux 4.7+); elsewhere set and restored at once."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: Path, data: bytes) -> None:
-    """Write via a temporary file in the same directory, fsync, rename: readers see old or new, never half."""
+    """Write via a temporary file in the same directory, fsync, rename: readers see old or new, never half.
+
+    The file gets the mode a plain open(path, "w") would give (0666 & ~umask, 0644 under the usual
+    022), not mkstemp's 0600: other users of the cluster read the tracker and lingjun-manifest.json
+    the way Megatron-LM writes its tracker, with open(tracker_filename, 'w')
+    (NVIDIA/Megatron-LM megatron/training/checkpointing.py:1083 and :1217, commit d98e8a64).
+    """
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), 0o666 & ~current_umask())
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())

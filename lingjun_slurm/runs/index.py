@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -42,6 +43,40 @@ class IndexEntry:
         return self.transport != "local"
 
 
+_FIELDS = IndexEntry.__dataclass_fields__
+_WARNED: set[str] = set()
+_OPTIONAL = {"cluster"}
+
+
+def _json_kind(value: object) -> str:
+    if isinstance(value, list):
+        return "an empty list" if not value else "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return {str: "a string", bool: "a boolean", int: "a number", float: "a number"}.get(type(value), "null")
+
+
+def _row_problem(row: object) -> Optional[str]:
+    """Why one row of runs.json is not an IndexEntry, or None."""
+    if not isinstance(row, dict):
+        return f"{_json_kind(row)}, not an object"
+    missing = [k for k in _FIELDS if k not in row and k not in _OPTIONAL]
+    if missing:
+        return f"missing field{'s' if len(missing) > 1 else ''} {', '.join(missing)}"
+    for k in _FIELDS:
+        if k not in row:
+            continue
+        v = row[k]
+        if k == "created_at":
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                return f"created_at must be a number (seconds since the epoch), found {_json_kind(v)}"
+        elif not isinstance(v, str):
+            return f"{k} must be a string, found {_json_kind(v)}"
+    if not row["run_id"]:
+        return "run_id is empty"
+    return None
+
+
 class AmbiguousRun(RunNotFound):
     """A RUN prefix that matches several runs."""
 
@@ -58,22 +93,66 @@ class RunIndex:
         self.dir = directory or state_dir()
         self.path = self.dir / "runs.json"
         self._fs = LocalTransport()  # the index is always on this machine
+        self._bad_rows: list[object] = []  # rows that are not runs: kept as written (see _read)
 
     def _read(self) -> list[IndexEntry]:
+        """The index's entries. A file that is not the index at all (garbage, truncated, a bare `[]`
+        or `{}`, another schema) is one TransportError naming the file and what to do; single rows
+        that are not runs (hand-edited: a field missing or of the wrong type) are skipped with one
+        warning on stderr and written back unchanged by the next add/remove, so nothing is lost."""
+        aside = f"move it aside (mv {self.path} {self.path}.bad) to start afresh; the run directories stay"
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
+            raw = self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
+            self._bad_rows = []
             return []
-        except (OSError, json.JSONDecodeError) as exc:
-            raise TransportError(f"{self.path}: unreadable run index ({exc}); move it aside to start afresh") from None
+        except UnicodeDecodeError as exc:
+            raise TransportError(f"{self.path}: unreadable run index: not valid JSON (not UTF-8 text at byte "
+                                 f"{exc.start}); {aside}") from None
+        except OSError as exc:
+            raise TransportError(f"{self.path}: cannot read the run index ({exc.strerror or exc})") from None
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            what = "the file is empty" if not raw.strip() else f"not valid JSON (line {exc.lineno}: {exc.msg})"
+            raise TransportError(f"{self.path}: unreadable run index: {what}; {aside}") from None
+        if not isinstance(data, dict):
+            raise TransportError(f"{self.path}: the run index must be a JSON object "
+                                 f'{{"schema": {INDEX_SCHEMA}, "runs": [...]}}, found {_json_kind(data)}; {aside}')
         if data.get("schema") != INDEX_SCHEMA:
-            raise TransportError(f"{self.path}: index schema {data.get('schema')!r}, expected {INDEX_SCHEMA}")
-        fields = IndexEntry.__dataclass_fields__
-        return [IndexEntry(**{k: v for k, v in row.items() if k in fields}) for row in data.get("runs", [])]
+            found = "no schema field" if "schema" not in data else f"schema {data.get('schema')!r}"
+            raise TransportError(f"{self.path}: run index with {found}, expected schema {INDEX_SCHEMA} "
+                                 f"(written by another lingjun-slurm version?); {aside}")
+        rows = data.get("runs", [])
+        if not isinstance(rows, list):
+            raise TransportError(f"{self.path}: field runs must be a list of runs, found {_json_kind(rows)}; {aside}")
+        entries, bad, problems = [], [], []
+        for i, row in enumerate(rows):
+            problem = _row_problem(row)
+            if problem is None:
+                entries.append(IndexEntry(**{k: row[k] for k in _FIELDS if k in row}))
+            else:
+                bad.append(row)
+                problems.append(f"runs[{i}]: {problem}")
+        self._bad_rows = bad
+        said = f"{self.path}\0{problems}"
+        if problems and said not in _WARNED:  # once per command, however many RunIndex objects read it
+            _WARNED.add(said)
+            one = len(problems) == 1
+            sys.stderr.write(f"warning: {self.path}: skipping {len(problems)} entr{'y' if one else 'ies'}"
+                             f" that {'is' if one else 'are'} not a run ({'; '.join(problems[:3])}"
+                             f"{' ...' if len(problems) > 3 else ''}); "
+                             f"{'it is' if one else 'they are'} kept as written: fix or delete "
+                             f"{'it' if one else 'them'} by hand\n")
+        return entries
 
     def _write(self, entries: list[IndexEntry]) -> None:
-        doc = {"schema": INDEX_SCHEMA, "runs": [asdict(e) for e in entries]}
+        doc = {"schema": INDEX_SCHEMA, "runs": [asdict(e) for e in entries] + list(self._bad_rows)}
         self._fs.write_atomic(str(self.path), json.dumps(doc, indent=1) + "\n")
+
+    def check(self) -> None:
+        """Raise the clear TransportError now if the index cannot be read (submit asks before writing)."""
+        self._read()
 
     def entries(self) -> list[IndexEntry]:
         """Every run, oldest first."""
@@ -96,7 +175,9 @@ class RunIndex:
                                                           or (cluster and e.cluster == cluster))]
 
     def resolve(self, ref: str, *, target: str = "", cluster: str = "") -> IndexEntry:
-        """RUN is a run id, a unique prefix of one, or a run directory.
+        """RUN is a run id, a run name (run.name of the spec: the newest run with that name, and a
+        note on stderr says which when several have it), a unique prefix of a run id, or a run
+        directory; tried in that order.
 
         With a target (--host) or cluster (--cluster), the runs on that host are searched
         first, then every run (the target then only overrides how the run is reached). A
@@ -132,6 +213,13 @@ class RunIndex:
             if (path / "manifest.json").is_file():
                 return _entry_from_dir(path)
             raise RunNotFound(f"{ref}: no run directory with a manifest.json there")
+        named = [e for e in entries if e.name == ref]  # entries are oldest first
+        if named:
+            chosen = named[-1]
+            if len(named) > 1:
+                sys.stderr.write(f"note: {len(named)} runs are named {ref!r}; using the newest, {chosen.run_id} "
+                                 f"(give a run id for another: `lingjun-slurm list`)\n")
+            return chosen
         matches = [e for e in entries if e.run_id.startswith(ref)]
         if len(matches) == 1:
             return matches[0]

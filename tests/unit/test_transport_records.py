@@ -115,8 +115,9 @@ def test_index_resolves_ids_prefixes_and_directories(tmp_path: Path) -> None:
         index.add(entry_for(rid, "tiny", time.time(), "local", "local", "h", f"/w/{rid}", "s"))
     assert index.resolve("other").run_id == "other-1"
     assert index.resolve("tiny-20261129-2").run_id == "tiny-20261129-2"
+    assert index.resolve("tiny").run_id == "other-1"  # a name: the newest run with it
     with pytest.raises(RunNotFound, match="matches 2 runs"):
-        index.resolve("tiny")
+        index.resolve("tiny-2026")  # an ambiguous prefix is still refused
     with pytest.raises(RunNotFound, match="no run matches"):
         index.resolve("nope")
     with pytest.raises(RunNotFound, match="no run directory"):
