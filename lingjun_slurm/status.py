@@ -337,7 +337,12 @@ def local_status(m: Manifest, transport: Optional[Transport] = None) -> RunStatu
                                  end=end, elapsed_s=int(end - t.start) if end and t.start else None,
                                  nodes=state.host if (state and t.start) else None, restarts=0, source="local"))
         if not infos:
-            run.stages.append(StageStatus(rec.name, list(rec.job_ids), "PENDING", "not started", None, None, None, 0))
+            if m.state == "failed" and state is None:  # the submission itself failed: nothing will start
+                run.stages.append(StageStatus(rec.name, list(rec.job_ids), "NOT_SUBMITTED", "submission failed",
+                                              None, None, None, 0))
+            else:
+                run.stages.append(StageStatus(rec.name, list(rec.job_ids), "PENDING", "not started", None, None,
+                                              None, 0))
             continue
         s, reason, code, elapsed, nodes, restarts = aggregate(infos, now)
         run.stages.append(StageStatus(rec.name, list(rec.job_ids), s, reason, code, elapsed, nodes, restarts))

@@ -183,3 +183,17 @@ def test_slurm_index_write_failure_marks_the_run_failed(tmp_path: Path, monkeypa
     from lingjun_slurm.runs.workdir_lock import WorkdirLock
 
     WorkdirLock(LocalTransport(), str(tmp_path / "work"), "idx-4").acquire()
+
+
+def test_a_failed_local_submission_shows_not_submitted(tmp_path: Path) -> None:
+    """A local run record marked failed before its runner wrote any state shows NOT_SUBMITTED
+    "submission failed", as a Slurm run does, not PENDING "not started" forever."""
+    from lingjun_slurm.runs.manifest import save_manifest
+    from lingjun_slurm.status import StatusCollector
+
+    prep = prepare(load_spec(_spec(tmp_path)), run_id="idx-local-failed", executor="local")
+    m = prepare_local(LocalTransport(), prep, RunIndex())
+    m.state = "failed"
+    save_manifest(LocalTransport(), m)
+    run = StatusCollector(LocalTransport()).collect([load_manifest(LocalTransport(), prep.run_dir)])[0]
+    assert {(s.state, s.reason) for s in run.stages} == {("NOT_SUBMITTED", "submission failed")}
