@@ -34,7 +34,7 @@ def _fail(exc: LingjunError) -> NoReturn:
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
              epilog="Exit codes: 0 success, 1 a run-time failure (Slurm, a job, a dropped connection), 2 invalid "
                     "input or usage, 3 host unreachable, 4 SSH authentication failed, 5 SSH host key unknown, "
-                    "changed or revoked.")
+                    "changed or revoked, 130 interrupted by Ctrl-C.")
 @click.version_option(__version__, prog_name="lingjun-slurm")
 def cli() -> None:
     """Megatron GPT training chains on Slurm + pyxis clusters with RDMA networks.
@@ -214,9 +214,16 @@ def _run(fn: Callable[..., Any], args: Optional[list[str]]) -> None:
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as exc:
+        # click turns a KeyboardInterrupt into Abort (click/core.py, Command.main): Ctrl-C exits 130.
+        if isinstance(exc.__cause__, KeyboardInterrupt):
+            from .interrupts import interrupted_exit
+            interrupted_exit(exc.__cause__)
         click.echo("aborted", err=True)
         sys.exit(EXIT_FAILURE)
+    except KeyboardInterrupt as exc:
+        from .interrupts import interrupted_exit
+        interrupted_exit(exc)
     except LingjunError as exc:
         _fail(exc)
     except BrokenPipeError:

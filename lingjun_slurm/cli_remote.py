@@ -26,7 +26,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 EXIT_CODES = ("Exit codes: 0 success, 1 a run-time failure (Slurm, a job, a dropped connection), 2 invalid "
               "input or usage, 3 host unreachable, 4 SSH authentication failed, 5 SSH host key unknown, "
-              "changed or revoked.")
+              "changed or revoked, 130 interrupted by Ctrl-C.")
 
 
 def remote_options(fn: F) -> F:

@@ -127,12 +127,27 @@ def _run_local(run_dir: str, run_id: str, detach: bool, keep: frozenset[str] = f
                    f"run directory {run_dir}")
         click.echo(ACTIVE_HINT.format(run=run_id))
         return
+    from contextlib import nullcontext
+    from signal import SIGINT
+
+    from . import ui
+    from .interrupts import Interrupted
+
     click.echo(f"running {run_id} with the local executor (Ctrl-C cancels); run directory {run_dir}")
-    rc = LocalRunner(run_dir, echo=lambda line: click.echo(line), keep=keep).run()
+    # On a terminal a live line under the state changes (ui.LocalProgress); elsewhere the lines only.
+    view = ui.LocalProgress(run_id) if ui.use_rich() else None
+    runner = LocalRunner(run_dir, echo=view.line if view else (lambda line: click.echo(line)), keep=keep)
+    if view is not None:
+        view.tasks = lambda: [(t.stage, t.state) for t in runner.state.tasks]
+    with view if view is not None else nullcontext():
+        rc = runner.run()
     try:
         _print_status([run_id], as_json=False)
     except OSError:
         pass  # the terminal is gone (SIGHUP): the record says how the run ended
+    if runner.stopped_by == SIGINT:
+        raise Interrupted(f"run {run_id} cancelled (Ctrl-C); `lingjun-slurm resubmit {run_id} --from STAGE` "
+                          "continues it")
     if rc != 0:
         raise LocalRunFailed(f"run {run_id} did not complete; see `lingjun-slurm logs {run_id} STAGE`")
 
@@ -275,6 +290,7 @@ def _reconcile(run: "RunStatus", m: "Manifest", as_of: float) -> None:
 
 def _print_status(refs: list[str], as_json: bool, conns: Optional[Connections] = None,
                   verbose: bool = False) -> list["RunStatus"]:
+    from . import ui
     from .clusters import Destination
     from .status import document, format_table
 
@@ -287,6 +303,8 @@ def _print_status(refs: list[str], as_json: bool, conns: Optional[Connections] =
             conns.close()
     if as_json:
         click.echo(json.dumps(document(got.runs), indent=2))
+    elif ui.use_rich():
+        ui.print_status(got.runs)
     else:
         click.echo(format_table(got.runs), nl=False)
     if verbose:
@@ -317,10 +335,14 @@ def status(runs: tuple[str, ...], as_json: bool, watch: bool, interval: float, v
     answer (slurmctld unreachable), every run is still shown, the stages Slurm would have to tell
     about are UNKNOWN with Slurm's message, and the command exits 1.
     """
+    from . import ui
     from .errors import SlurmUnavailable
     from .status import ACTIVE
 
     with Connections(destination(host, cluster, accept_new_host_key)) as conns:
+        if watch and not as_json and ui.use_rich():
+            _watch_live(list(runs), conns, interval, verbose)
+            return
         while True:
             if watch and sys.stdout.isatty() and not as_json:
                 click.echo("\x1b[H\x1b[2J", nl=False)
@@ -336,6 +358,26 @@ def status(runs: tuple[str, ...], as_json: bool, watch: bool, interval: float, v
             if not watch or not any(s.state in ACTIVE for r in shown for s in r.stages):
                 return
             time.sleep(interval)
+
+
+def _watch_live(refs: list[str], conns: Connections, interval: float, verbose: bool) -> None:
+    """status --watch on a terminal: the table redrawn in place under a header (ui.StatusWatch).
+    What the plain loop prints on stderr (Slurm not answering, -v's queue readers) is in the
+    header instead; an unreachable host ends the watch (exit 3) as there, after its last frame."""
+    from . import ui
+    from .status import ACTIVE
+
+    with ui.StatusWatch(interval) as view:
+        while True:
+            got = _collect(refs, conns)
+            notes = [f"{exc}; watching on" for exc in got.slurm_down] + (got.backends if verbose else [])
+            view.update(got.runs, notes)
+            if got.unreachable:
+                break
+            if not got.slurm_down and not any(s.state in ACTIVE for r in got.runs for s in r.stages):
+                return
+            time.sleep(interval)
+    raise got.unreachable[0]
 
 
 @click.command(epilog=EXIT_CODES)
@@ -395,22 +437,31 @@ def _interesting_stage(t: "Transport", m: "Manifest") -> "StageRecord":
 
 
 def _follow(t: "Transport", m: "Manifest", stage: str, path: str) -> None:
+    """Until the stage has ended and the file is drained. Ctrl-C stops following: exit 130 (cli._run).
+    On a terminal the lines go through ui.FollowView (a live line under them); elsewhere the bytes as read."""
+    from . import ui
     from .status import ACTIVE, StatusCollector
 
     collector = StatusCollector(t)
+    view = ui.FollowView(path, stage) if ui.use_rich() else None
 
     def done() -> bool:
         run = collector.collect([m])[0]
         if collector.unavailable is not None:
             return False  # Slurm does not answer (restarting?): keep following
-        return next(s for s in run.stages if s.name == stage).state not in ACTIVE
+        state = next(s for s in run.stages if s.name == stage).state
+        if view is not None:
+            view.state = state
+        return state not in ACTIVE
 
-    try:
-        for chunk in t.follow(path, poll_s=1.0, done=done):
-            sys.stdout.buffer.write(chunk)
-            sys.stdout.flush()
-    except KeyboardInterrupt:
-        pass
+    if view is not None:
+        with view:
+            for chunk in t.follow(path, poll_s=1.0, done=done):
+                view.write(chunk)
+        return
+    for chunk in t.follow(path, poll_s=1.0, done=done):
+        sys.stdout.buffer.write(chunk)
+        sys.stdout.flush()
 
 
 @click.command(epilog=EXIT_CODES)

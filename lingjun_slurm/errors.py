@@ -1,5 +1,5 @@
 """Typed errors and the CLI's exit codes (0 ok, 1 run-time failure, 2 invalid input; SSH: 3 host
-unreachable, 4 authentication failed, 5 host key refused)."""
+unreachable, 4 authentication failed, 5 host key refused; 130 Ctrl-C, lingjun_slurm/interrupts.py)."""
 
 from __future__ import annotations
 

@@ -113,6 +113,7 @@ class LocalRunner:
         self.host = socket.gethostname()
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.cancelled = False
+        self.stopped_by: Optional[int] = None  # the first signal that cancelled the run (SIGINT: exit 130)
         self.failure: Optional[str] = None  # the run stopped itself: why (a full disk)
         self.use_lock = lock
         self.state = LocalState(self.manifest.run_id, os.getpid(), self.host, proc_start(os.getpid()), self._tasks(),
@@ -291,6 +292,7 @@ class LocalRunner:
 
     def _on_signal(self, signum: int, _frame: Optional[FrameType]) -> None:
         if not self.cancelled:
+            self.stopped_by = signum
             self.echo(f"{_clock()} {signal.Signals(signum).name}: cancelling run {self.manifest.run_id}")
         self.cancelled = True
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from ..errors import CommandError, LingjunError, SubmitError
+from .. import interrupts
 from ..interrupts import signals_interrupt
 from ..slurm.client import SlurmCLI
 from ..slurm.parse import JobInfo
@@ -88,18 +89,24 @@ class Waiter:
         so does an error that ends the waiting (Slurm unreachable for QUEUE_FAILURES polls): no job
         is left running unwatched."""
         ids = [j.job_id for j in jobs]
+        signame = None
         try:
             with signals_interrupt():
                 return self._wait(jobs)
-        except KeyboardInterrupt:
-            why = "interrupted"
+        except KeyboardInterrupt as exc:
+            signame = interrupts.signal_name(exc)
+            why = f"interrupted ({interrupts.describe(signame)})"
         except LingjunError as exc:
             why = str(exc)
         try:
             self.sched.cancel(ids)
         except CommandError as exc:
-            raise LingjunError(f"{why}; cancelling job(s) {', '.join(ids)} failed: {exc}") from None
-        raise LingjunError(f"{why}: cancelled job(s) {', '.join(ids)}") from None
+            message = f"{why}; cancelling job(s) {', '.join(ids)} failed: {exc}"
+        else:
+            message = f"{why}: cancelled job(s) {', '.join(ids)}"
+        if signame is not None:  # Ctrl-C exits 130, SIGTERM/SIGHUP 1 (interrupts.py)
+            raise interrupts.Interrupted(message, signame) from None
+        raise LingjunError(message) from None
 
     def _queue(self, failures: list[int]) -> Optional[list[JobInfo]]:
         """One squeue; a failure (a busy slurmctld times out) is retried at the next poll (None now),

@@ -103,9 +103,10 @@ def test_ctrl_c_while_waiting_cancels_the_jobs(tmp_path: Path) -> None:
             raise KeyboardInterrupt
 
     sched = Interrupting([[]])
-    with pytest.raises(LingjunError, match="interrupted: cancelled job\\(s\\) 5, 6"):
+    with pytest.raises(LingjunError, match="interrupted \\(Ctrl-C\\): cancelled job\\(s\\) 5, 6") as info:
         Waiter(LocalTransport(), sched, poll_s=0.0).wait([Job("5", "a", str(tmp_path)), Job("6", "b", str(tmp_path))])
     assert sched.cancelled == ["5", "6"]
+    assert info.value.exit_code == 130  # Ctrl-C, as every command (interrupts.py)
 
 
 def test_a_transient_squeue_failure_is_retried(tmp_path: Path) -> None:
@@ -169,9 +170,9 @@ def test_sigterm_while_waiting_cancels_the_jobs(tmp_path: Path) -> None:
     before = signal.signal(signal.SIGTERM, mine)  # never kill pytest
     try:
         sched = Terminated([[]])
-        with pytest.raises(LingjunError, match="interrupted: cancelled job\\(s\\) 5"):
+        with pytest.raises(LingjunError, match="interrupted \\(SIGTERM\\): cancelled job\\(s\\) 5") as info:
             Waiter(LocalTransport(), sched, poll_s=0.0).wait([Job("5", "a", str(tmp_path))])
-        assert sched.cancelled == ["5"] and not got
+        assert sched.cancelled == ["5"] and not got and info.value.exit_code == 1
         assert signal.getsignal(signal.SIGTERM) is mine  # restored after the wait
     finally:
         signal.signal(signal.SIGTERM, before)
@@ -192,7 +193,7 @@ def test_sigterm_while_submitting_cancels_what_was_queued(tmp_path: Path) -> Non
     before = signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))  # never kill pytest
     try:
         sched = TerminatedAtSecond([[]])
-        with pytest.raises(KeyboardInterrupt):  # the CLI turns it into "aborted", exit 1
+        with pytest.raises(KeyboardInterrupt):  # the CLI ends it: one line, exit 1 (SIGTERM; 130 for Ctrl-C)
             submit_all(sched, [("s.sbatch", str(tmp_path), f"pair {i}") for i in range(4)])
         assert sched.cancelled == ["101", "102"] and not got
     finally:

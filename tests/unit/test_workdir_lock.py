@@ -195,7 +195,7 @@ def test_interrupted_foreground_submit_frees_the_workdir(tmp_path: Path, env: di
     time.sleep(0.5)
     assert read_holder(tmp_path / "work" / "run.lock").pid == proc.pid  # held while it runs
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=60) == 1
+    assert proc.wait(timeout=60) == 130  # Ctrl-C (interrupts.py)
     assert not (tmp_path / "work" / "run.lock").exists()
 
 
