@@ -329,10 +329,12 @@ def test_status_skips_runs_whose_directory_is_gone_and_forget_drops_them(tmp_pat
                                                                         env: dict[str, str]) -> None:
     import shutil
 
+    # two workdirs: a second run in the first one's workdir is refused while the first is queued
     spec = chain_spec(tmp_path / "s.yaml", tmp_path / "work", [{"name": "one", "command": "true"}])
+    other = chain_spec(tmp_path / "t.yaml", tmp_path / "work2", [{"name": "one", "command": "true"}])
     keep = submitted_run_id(cli("submit", str(spec), "--executor", "slurm", env=env).stdout)
-    gone = submitted_run_id(cli("submit", str(spec), "--executor", "slurm", env=env).stdout)
-    shutil.rmtree(tmp_path / "work" / "runs" / gone)
+    gone = submitted_run_id(cli("submit", str(other), "--executor", "slurm", env=env).stdout)
+    shutil.rmtree(tmp_path / "work2" / "runs" / gone)
     proc = cli("status", env=env)
     assert keep in proc.stdout and f"skipping run {gone}" in proc.stderr
     cli("status", gone, env=env, check=1)  # asked for by name: an error

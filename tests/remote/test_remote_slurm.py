@@ -320,6 +320,7 @@ def test_cluster_from_clusters_yaml_and_precedence(laptop: Laptop) -> None:
     # resubmit re-renders with the defaults recorded at submit, not today's clusters.yaml.
     clusters.write_text(yaml.safe_dump({"clusters": {"testc": {"host": "lingjun-test", "partition": "debug"}}}))
     laptop.wait(run_id, all_ended)
+    laptop.wait(run3, all_ended)  # run3 shares run_id's workdir: its lock is held while it is queued
     laptop.cli("resubmit", run_id, "--from", "a")
     assert "#SBATCH --partition=gpu" in (run_dir / "a.sbatch").read_text()
     stages = laptop.wait(run_id, all_ended)
