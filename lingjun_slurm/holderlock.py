@@ -42,6 +42,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable, Optional, Protocol, Sequence
 
+from .atomicfile import atomic_write
+
 JobAlive = Callable[[str], Optional[bool]]
 JobsAlive = Callable[[Sequence[str]], Optional[bool]]
 # A holder file is written right after it is created; one that stays empty or unreadable for
@@ -188,20 +190,7 @@ class LocalFiles:
             pass
 
     def replace(self, path: str, text: str) -> None:
-        tmp = f"{path}.tmp.{os.getpid()}.{time.monotonic_ns()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.rename(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        atomic_write(path, text.encode("utf-8"))
 
 
 def _boot_id() -> str:

@@ -13,11 +13,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..atomicfile import atomic_write  # noqa: F401 (re-exported: the checkpoint modules write through it)
 from .errors import CheckpointError, CheckpointUsageError
 
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -89,52 +89,6 @@ def read_tracker(ckpt_dir: Path) -> Tracker:
     shown = repr(text[:60]) + ("..." if len(text) > 60 else "")
     what = "is empty" if not text else f"holds {shown}"
     return Tracker(path, raw, problem=f"tracker {path} {what}: expected an iteration number or 'release'")
-
-
-def current_umask() -> int:
-    """The process umask, read without changing it where Linux shows it (/proc/self/status, "Umask:",
-    Linux 4.7+); elsewhere set and restored at once."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write via a temporary file in the same directory, fsync, rename: readers see old or new, never half.
-
-    The file gets the mode a plain open(path, "w") would give (0666 & ~umask, 0644 under the usual
-    022), not mkstemp's 0600: other users of the cluster read the tracker and lingjun-manifest.json
-    the way Megatron-LM writes its tracker, with open(tracker_filename, 'w')
-    (NVIDIA/Megatron-LM megatron/training/checkpointing.py:1083 and :1217, commit d98e8a64).
-    """
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            os.fchmod(fh.fileno(), 0o666 & ~current_umask())
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    try:
-        dfd = os.open(path.parent, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dfd)
-    except OSError:
-        pass
-    finally:
-        os.close(dfd)
 
 
 def write_tracker(ckpt_dir: Path, iteration: int | str) -> None:

@@ -34,6 +34,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Callable, Optional
 
+from ..atomicfile import atomic_write
 from ..runs.logs import array_indices, resolve_pattern, sbatch_option
 from ..runs.manifest import Manifest, StageRecord, load_manifest
 from ..transport.local import LocalTransport
@@ -435,21 +436,8 @@ def _silent(_line: str) -> None:
 
 
 def write_state(run_dir: str, text: str) -> None:
-    """<run_dir>/local-state.json via a temporary file, fsync and rename; OSError as it comes."""
-    path = os.path.join(run_dir, STATE_FILE)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """<run_dir>/local-state.json, written whole (atomicfile.atomic_write); OSError as it comes."""
+    atomic_write(os.path.join(run_dir, STATE_FILE), text.encode("utf-8"))
 
 
 # --- a full disk ----------------------------------------------------------------------------

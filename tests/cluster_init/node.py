@@ -482,6 +482,17 @@ class Node:
     def mode(self, node_path: str) -> int:
         return self.path(node_path).stat().st_mode & 0o7777
 
+    def share_slurm_conf(self, shared: str = "/sched/lingjun/slurm.conf") -> Path:
+        """Make /etc/slurm/slurm.conf a symlink into /sched, as CycleCloud's cyclecloud-slurm does
+        (the real file on the scheduler's shared /sched); returns the link."""
+        target = self.path(shared)
+        target.parent.mkdir(parents=True)
+        link = self.path("/etc/slurm/slurm.conf")
+        target.write_text(link.read_text())
+        link.unlink()
+        link.symlink_to(target)
+        return link
+
     def log(self) -> str:
         return self.path("/var/log/lingjun-slurm/install.log").read_text()
 

@@ -177,12 +177,7 @@ def test_cpu_nodes_keep_cyclecloud_healthagent_check(make_node) -> None:
 
 def test_the_dispatcher_lives_beside_cyclecloud_shared_slurm_conf(make_node) -> None:
     node = make_node()
-    shared = node.path("/sched/lingjun/slurm.conf")
-    shared.parent.mkdir(parents=True)
-    link = node.path("/etc/slurm/slurm.conf")
-    shared.write_text(link.read_text())
-    link.unlink()
-    link.symlink_to(shared)
+    link = node.share_slurm_conf()
     assert node.run("scheduler").returncode == 0
     dispatcher(node, "/sched/lingjun/lingjun-healthcheck")
     assert link.is_symlink()

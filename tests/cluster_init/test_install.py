@@ -110,12 +110,8 @@ def test_scheduler_gets_pyxis_and_the_health_check_settings(make_node):
 
 def test_scheduler_writes_through_cyclecloud_symlink(make_node):
     node = make_node()
+    link = node.share_slurm_conf()
     shared = node.path("/sched/lingjun/slurm.conf")
-    shared.parent.mkdir(parents=True)
-    link = node.path("/etc/slurm/slurm.conf")
-    shared.write_text(link.read_text())
-    link.unlink()
-    link.symlink_to(shared)
     result = node.run("scheduler")
     assert result.returncode == 0, result.stderr
     assert link.is_symlink(), "CycleCloud's link to /sched must stay a link"

@@ -8,21 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from lingjun_slurm.cli import main
+from tests.unit.clirun import run_cli
 from tests.conftest import REPO
 
 EXAMPLE = REPO / "examples" / "megatron-gpt.yaml"
 TINY = REPO / "examples" / "tiny-gpt.yaml"
-
-
-def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(list(args))
-        raise SystemExit(0)
-    out = capsys.readouterr()
-    return int(info.value.code or 0), out.out, out.err
 
 
 def test_validate_ok(capsys) -> None:

@@ -12,19 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from lingjun_slurm.cli import main
+from tests.unit.clirun import run_cli
 from lingjun_slurm.runs.index import RunIndex, entry_for
 from tests.conftest import REPO
 
 TINY = REPO / "examples" / "tiny-gpt.yaml"
-
-
-def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(list(args))
-        raise SystemExit(0)
-    out = capsys.readouterr()
-    return int(info.value.code or 0), out.out, out.err
 
 
 # --- (a) render -o into a directory that cannot be written ------------------------------------

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lingjun_slurm.cli import main
+from tests.unit import clirun
 from tests.unit.test_nccltests_report import need_matplotlib
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,11 +27,7 @@ STUBS = {
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(["nccl-test", *args])
-        raise SystemExit(0)
-    out = capsys.readouterr()
-    return int(info.value.code or 0), out.out, out.err
+    return clirun.run_cli(capsys, "nccl-test", *args)
 
 
 def render(capsys: pytest.CaptureFixture[str], outdir: Path, *args: str) -> Path:

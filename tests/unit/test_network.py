@@ -8,7 +8,7 @@ import re
 import pytest
 
 from lingjun_slurm import network
-from lingjun_slurm.cli import main
+from tests.unit.clirun import run_cli
 from lingjun_slurm.errors import UsageError
 
 # Seeds 000/001 (Alibaba PAI, "RDMA: high-performance networks for distributed training"):
@@ -34,14 +34,6 @@ def pairs(text: str, fmt: str) -> list[tuple[str, str]]:
         key, _, value = line.partition("=")
         out.append((key, value))
     return out
-
-
-def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(list(args))
-        raise SystemExit(0)
-    out = capsys.readouterr()
-    return int(info.value.code or 0), out.out, out.err
 
 
 @pytest.mark.parametrize("instance_type", LINGJUN_TYPES)

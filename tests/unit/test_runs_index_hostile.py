@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from lingjun_slurm.cli import main
+from tests.unit.clirun import run_cli
 from lingjun_slurm.errors import SubmitError, TransportError
 from lingjun_slurm.runs.index import RunIndex, entry_for
 from lingjun_slurm.runs.manifest import load_manifest
@@ -19,14 +19,6 @@ from lingjun_slurm.spec import load_spec
 from lingjun_slurm.submit import prepare, prepare_local
 from lingjun_slurm.transport.local import LocalTransport
 from tests.integration.helpers import chain_spec
-
-
-def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(list(args))
-        raise SystemExit(0)
-    out = capsys.readouterr()
-    return int(info.value.code or 0), out.out, out.err
 
 
 def index_file() -> Path:
