@@ -390,9 +390,16 @@ def _run_mode(p: dict[str, Any], conns: Connections) -> None:
     t = conns.remote() if conns.dest.remote else LocalTransport()
     nodes = p["nodes"] if p["nodes"] is not None else (None if p["nodelist"] else 2)
     names: list[str] = []
+    if not p["render_dir"]:
+        # A fresh host: say what to install or configure first, before scontrol runs, matplotlib is
+        # asked for or anything is written (session.submit is told, and does not ask again).
+        from .nccltests.session import require_slurm
+        require_slurm(t, ("sbatch", "scontrol") if p["nodelist"] else ("sbatch",))
     if p["nodelist"] and (not p["render_dir"] or t.which("scontrol")):
-        from .nccltests.session import expand_nodelist
+        from .nccltests.session import expand_nodelist, slurm_conf_problem
         try:
+            if slurm_conf_problem(t):  # --render-only: not worth Slurm's 60 s of retries
+                raise UsageError(f"--nodelist {p['nodelist']!r} not counted: {slurm_conf_problem(t)}")
             names = expand_nodelist(t, p["nodelist"])
         except UsageError as exc:
             if not p["render_dir"]:
@@ -461,12 +468,12 @@ def _submit_and_report(t: Any, job: "NcclJob", prof: Any, refs: list[Any], p: di
 
     waiter = _waiter(t, p, _echo_progress)
     if p["no_wait"]:
-        submitted = session.submit(t, waiter.sched, job)
+        submitted = session.submit(t, waiter.sched, job, checked=True)
         click.echo(submitted.job_id)
         _echo_progress(f"submitted job {submitted.job_id}; when it has ended: lingjun-slurm nccl-test --report "
                        f"{shlex.quote(job.out_dir)} --profile {shlex.quote(prof.name)}")
         return
-    ends, outputs = session.run(t, waiter, job, progress=_echo_progress)
+    ends, outputs = session.run(t, waiter, job, progress=_echo_progress, checked=True)
     title = (f"nccl-tests on {job.shape()}, profile {prof.name}, job {ends[0].job_id} "
              f"({ends[0].state}), {job.out_dir}")
     report = build(outputs, title=title, expected=Shape(job.nodes, job.tasks_per_node), references=refs,

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, NoReturn, Optional, Sequence
 
-from . import __version__
+from . import __version__, python_check
 from .errors import LingjunError, SubmitError, UsageError
 from .interrupts import signals_interrupt
 from .plan import Plan, StagePlan, build_plan
@@ -285,6 +285,7 @@ def submit_slurm(t: Transport, prep: Prepared, index: RunIndex, echo: Echo, forc
     try:
         write_run_dir(t, prep, new=True)
         shipped = ship_code(t, prep, wheels)
+        python_check.warn(t, prep.plan, prep.run_dir, ship_code=bool(shipped))  # a warning, never an error
         manifest = new_manifest(t, prep, "slurm", cluster)
         manifest.shipped = shipped
         save_manifest(t, manifest)
@@ -331,6 +332,7 @@ def prepare_local(t: Transport, prep: Prepared, index: RunIndex) -> Manifest:
                           "nothing was written and nothing ran.") from None
     try:
         write_run_dir(t, prep, new=True)
+        python_check.warn(t, prep.plan, prep.run_dir, ship_code=False)  # the local executor ships no code
         manifest.state = "submitted"
         manifest.event("submit", stages=manifest.stage_names())
         save_manifest(t, manifest)
@@ -415,6 +417,7 @@ def resubmit_slurm(t: Transport, run_dir: str, stage: str, state_of: Callable[[s
     try:
         write_run_dir(t, prep)
         shipped = ship_code(t, prep, wheels)
+        python_check.warn(t, prep.plan, prep.run_dir, ship_code=bool(shipped))
         with locked_manifest(t, run_dir) as manifest:
             manifest.shipped = shipped
             now = round(time.time(), 3)

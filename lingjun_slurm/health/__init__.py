@@ -21,8 +21,12 @@ if TYPE_CHECKING:
 
 PROGRAM = "lingjun-health"
 THRESHOLDS = "thresholds"
+# Where lingjun-health reads its configuration without --config (under --root or
+# $LINGJUN_HEALTH_ROOT), and its drop-in directory: the program's "configuration" section.
+DEFAULT_CONFIG = "/etc/lingjun-slurm/health.conf"
 
-__all__ = ["PROGRAM", "THRESHOLDS", "copy_to", "installed_dir", "parse_conf", "program_text", "threshold_texts"]
+__all__ = ["DEFAULT_CONFIG", "PROGRAM", "THRESHOLDS", "copy_to", "default_config", "installed_dir", "is_configured",
+           "parse_conf", "program_text", "sku_names", "threshold_texts"]
 
 
 def _root() -> Traversable:
@@ -39,6 +43,28 @@ def threshold_texts() -> dict[str, str]:
     folder = _root() / THRESHOLDS
     return {entry.name: entry.read_text(encoding="utf-8")
             for entry in sorted(folder.iterdir(), key=lambda e: e.name) if entry.name.endswith(".conf")}
+
+
+def sku_names() -> list[str]:
+    """The thresholds shipped with the program, by name (what --sku accepts besides INSTANCE_TYPES=)."""
+    return [name[:-len(".conf")] for name in threshold_texts()]
+
+
+def default_config(root: "str | Path | None") -> Path:
+    """The configuration file lingjun-health reads when not given --config: DEFAULT_CONFIG under the
+    root (--root, else $LINGJUN_HEALTH_ROOT, as the program's ROOT; its trailing / dropped)."""
+    prefix = str(root).rstrip("/") if root else ""
+    return Path(prefix + DEFAULT_CONFIG)
+
+
+def is_configured(config: "str | Path | None", root: "str | Path | None") -> bool:
+    """Whether the node has a configuration of its own, as lingjun-health finds it: --config given, or
+    the default file or a drop-in (health.conf.d/*.conf) exists. False on a node that cluster-init
+    (docs/cluster-init.md) never set up."""
+    if config is not None:
+        return True
+    path = default_config(root)
+    return path.is_file() or any(p.is_file() for p in Path(f"{path}.d").glob("*.conf"))
 
 
 def parse_conf(text: str) -> dict[str, str]:

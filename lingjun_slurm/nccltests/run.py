@@ -48,6 +48,21 @@ class JobEnd:
         return self.state == "COMPLETED" and not self.exit_code
 
 
+# What Slurm's commands print on a host where they are installed but find no configuration:
+# SchedMD/slurm src/common/read_config.c (at 284c3b95f0) fatal()s with these two after trying
+# SLURM_CONF, /etc/slurm/slurm.conf, the configless cache /run/slurm/conf and DNS SRV records.
+UNCONFIGURED_MARKERS = ("Could not establish a configuration source", "Unable to process configuration file")
+UNCONFIGURED_HINT = ("Slurm's commands are installed here but cannot load a cluster configuration (a slurm.conf "
+                     "at $SLURM_CONF or /etc/slurm/slurm.conf, or a configless slurmd): run on a login node of the "
+                     "cluster, point SLURM_CONF at its slurm.conf, or pass --host [USER@]HOST / --cluster NAME")
+
+
+def unconfigured_hint(exc: CommandError) -> str:
+    """"\n" + UNCONFIGURED_HINT when the command failed for want of a Slurm configuration, else ""."""
+    text = f"{exc.stderr}\n{exc.stdout}"
+    return f"\n{UNCONFIGURED_HINT}" if any(m in text for m in UNCONFIGURED_MARKERS) else ""
+
+
 def submit_all(sched: SlurmCLI, scripts: list[tuple[str, str, str]]) -> list[Job]:
     """sbatch each (script, directory, label); all or nothing: a failure cancels what was queued."""
     jobs: list[Job] = []
@@ -64,7 +79,7 @@ def submit_all(sched: SlurmCLI, scripts: list[tuple[str, str, str]]) -> list[Job
         if isinstance(exc, CommandError):
             done = f"\ncancelled the {len(jobs)} job(s) already queued ({', '.join(j.job_id for j in jobs)})" \
                 if jobs else ""
-            raise SubmitError(f"{exc}{done}") from None
+            raise SubmitError(f"{exc}{done}{unconfigured_hint(exc)}") from None
         raise
     return jobs
 
