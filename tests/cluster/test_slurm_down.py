@@ -3,8 +3,11 @@
 The runs are submitted to the real test cluster; then the commands run with SLURM_CONF pointing
 at a copy of its slurm.conf whose SlurmctldPort nothing listens on: what squeue, scontrol and
 scancel meet when slurmctld is down (connection refused), without stopping the session's cluster
-for the other tests. Slurm's clients retry the connection MessageTimeout (10) times 1 s apart
-(src/common/slurm_protocol_api.c, slurm_open_controller_conn): about 9 s per command.
+for the other tests. Slurm's clients retry the connection MessageTimeout times 1 s apart
+(slurm-22-05-9-1 src/common/slurm_protocol_api.c:884-888, slurm_open_controller_conn: "for
+(retry = 0; retry < max_retry_period; retry++)", max_retry_period = msg_timeout): about 9 s per
+command at the default 10. The dead copy sets MessageTimeout=2, the same failure path in about
+1 s, so these tests do not spend minutes waiting (our code has no timeout of its own below it).
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ def dead_conf(slurm_cluster: Any, tmp_path: Path) -> Path:
     """The cluster's slurm.conf with a SlurmctldPort nobody listens on."""
     text = Path(slurm_cluster.slurm_conf).read_text()
     text, n = re.subn(r"(?m)^SlurmctldPort=\d+$", f"SlurmctldPort={free_port()}", text)
-    assert n == 1
+    assert n == 1 and not re.search(r"(?mi)^MessageTimeout=", text)
+    text += "MessageTimeout=2\n"
     path = tmp_path / "dead" / "slurm.conf"
     path.parent.mkdir()
     path.write_text(text)

@@ -33,9 +33,11 @@ def dead_slurm(tmp_path: Path, monkeypatch) -> Path:
     if not shutil.which("squeue"):
         pytest.skip("the Slurm client (squeue) is not installed")
     conf = tmp_path / "slurm.conf"
+    # MessageTimeout=2: the client retries the refused connection twice, 1 s apart, not 10 times
+    # (tests/cluster/test_slurm_down.py cites slurm_open_controller_conn)
     conf.write_text("\n".join([
         "ClusterName=gone", f"SlurmctldHost={socket.gethostname().split('.')[0]}(127.0.0.1)",
-        f"SlurmctldPort={free_port()}", "AuthType=auth/munge", f"AuthInfo=socket={tmp_path}/munge.sock",
+        f"SlurmctldPort={free_port()}", "MessageTimeout=2", "AuthType=auth/munge", f"AuthInfo=socket={tmp_path}/munge.sock",
         "NodeName=node1 NodeAddr=127.0.0.1 CPUs=1 State=UNKNOWN", "PartitionName=cpu Nodes=node1 Default=YES"]) + "\n")
     monkeypatch.setenv("SLURM_CONF", str(conf))
     monkeypatch.setenv("LINGJUN_SCHEDULER", "cli")
