@@ -3,8 +3,10 @@
 Exit codes: 0 success, 1 a failure at run time (a job, Slurm, a dropped connection), 2
 invalid input or usage, 3 host unreachable, 4 SSH authentication failed, 5 SSH host key
 unknown, changed or revoked (errors.py; every LingjunError carries its exit_code). Heavy
-modules are imported inside the commands so `--help` stays fast, and no
-command here ever imports torch or megatron.
+modules are imported inside the commands, and the commands of the cli_*.py modules only when
+named (LAZY_COMMANDS), so `validate`, `render` and `status` load only what they use
+(tests/unit/test_startup_imports.py; bench/cli_startup.py times them). No command here ever
+imports torch or megatron.
 """
 
 from __future__ import annotations
@@ -31,7 +33,60 @@ def _fail(exc: LingjunError) -> NoReturn:
     sys.exit(exc.exit_code)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+# Subcommands that live in other modules, imported only when the command line names them (or
+# when --help lists them): `validate`, `render` and `status` then load none of the others'
+# modules (issue 15: devcluster, nccl-test, checkpoint, health, image cost ~60 ms at start-up).
+# NAME -> "module:attribute"; tests/unit/test_startup_imports.py checks it against the modules.
+LAZY_COMMANDS = {
+    "submit": "cli_runs:submit",
+    "status": "cli_runs:status",
+    "logs": "cli_runs:logs",
+    "cancel": "cli_runs:cancel",
+    "resubmit": "cli_runs:resubmit",
+    "list": "cli_runs:list_runs",
+    "forget": "cli_runs:forget",
+    "checkpoint": "cli_checkpoint:checkpoint",
+    "dev-cluster": "cli_devcluster:dev_cluster",
+    "health": "cli_health:health",
+    "image": "cli_image:image",
+    "nccl-test": "cli_nccltest:nccl_test",
+}
+
+
+def _lazy_command(name: str) -> click.Command:
+    import importlib
+
+    module, _, attr = LAZY_COMMANDS[name].partition(":")
+    command = getattr(importlib.import_module(f".{module}", __package__), attr)
+    if command.name != name:  # a renamed command must be renamed here too
+        raise RuntimeError(f"LAZY_COMMANDS[{name!r}] is {LAZY_COMMANDS[name]}, whose name is {command.name!r}")
+    return command
+
+
+class _LazyGroup(click.Group):
+    """click.Group whose LAZY_COMMANDS are imported on first use (click's documented pattern:
+    override list_commands/get_command, https://click.palletsprojects.com/en/stable/complex/)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(LAZY_COMMANDS))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> Optional[click.Command]:
+        if cmd_name in LAZY_COMMANDS and cmd_name not in self.commands:
+            self.add_command(_lazy_command(cmd_name))
+        return super().get_command(ctx, cmd_name)
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[Optional[str], Optional[click.Command],
+                                                                            list[str]]:
+        # An unknown name: click's "Did you mean ...?" picks from self.commands (click 8.5
+        # core.py Group.resolve_command, `NoSuchCommand(cmd_name, possibilities=self.commands)`),
+        # so load them all first, as the eager group had them.
+        if args and args[0] not in self.commands and args[0] not in LAZY_COMMANDS:
+            for name in LAZY_COMMANDS:
+                self.get_command(ctx, name)
+        return super().resolve_command(ctx, args)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
              epilog="Exit codes: 0 success, 1 a run-time failure (Slurm, a job, a dropped connection), 2 invalid "
                     "input or usage, 3 host unreachable, 4 SSH authentication failed, 5 SSH host key unknown, "
                     "changed or revoked, 130 interrupted by Ctrl-C.")
@@ -185,27 +240,6 @@ def nccl_env(profile: Optional[str], instance_type: Optional[str], fmt: str, set
     click.echo(network.render(network.resolve(prof, overrides), fmt), nl=False)
 
 
-def _register() -> None:
-    from .cli_runs import COMMANDS
-
-    for command in COMMANDS:
-        cli.add_command(command)
-    from .cli_checkpoint import checkpoint
-    from .cli_devcluster import dev_cluster
-    from .cli_health import health
-    from .cli_image import image
-    from .cli_nccltest import nccl_test
-
-    cli.add_command(checkpoint)
-    cli.add_command(dev_cluster)
-    cli.add_command(health)
-    cli.add_command(image)
-    cli.add_command(nccl_test)
-
-
-_register()
-
-
 def _run(fn: Callable[..., Any], args: Optional[list[str]]) -> None:
     try:
         fn.main(args=args, prog_name="lingjun-slurm", standalone_mode=False)
@@ -236,7 +270,51 @@ def _run(fn: Callable[..., Any], args: Optional[list[str]]) -> None:
         sys.exit(EXIT_FAILURE)
 
 
+_PYDANTIC_LOADER = "pydantic.plugin._loader"
+
+
+def _no_pydantic_plugin_discovery() -> None:
+    """Run this process's pydantic without plugins, as PYDANTIC_DISABLE_PLUGINS=__all__ would,
+    unless the user set PYDANTIC_DISABLE_PLUGINS themselves (to anything: '' keeps every plugin),
+    and without touching the environment, which jobs and child processes inherit.
+
+    Why not the variable itself: pydantic's loader module imports importlib.metadata at its top
+    (pydantic 2.14.4 plugin/_loader.py:6, `from importlib.metadata import entry_points`), which
+    imports email, zipfile, csv and importlib.resources, and every first validator build imports
+    that module (plugin/_schema_validator.py:37-38, `from ._loader import get_plugins`, inside
+    create_schema_validator) before it reads the variable (_loader.py:29-34). That import is
+    30-60 ms of `validate`, `render` and `status` (issue 15 item 9); with the variable set only
+    the entry-point scan (~8 ms) goes. So the module is stood in for by one whose get_plugins
+    returns no plugins, the answer _loader.py:33-34 gives when the variable says __all__. Any
+    other name asked of it loads pydantic's real module (module __getattr__, PEP 562), so a
+    pydantic that uses more of _loader works unchanged. The CLI only: a program importing
+    lingjun_slurm as a library keeps pydantic's own loader.
+    """
+    if "PYDANTIC_DISABLE_PLUGINS" in os.environ or _PYDANTIC_LOADER in sys.modules:
+        return
+    import types
+
+    stand_in = types.ModuleType(_PYDANTIC_LOADER, "lingjun-slurm's stand-in: no pydantic plugins (cli.py).")
+
+    def get_plugins() -> tuple[()]:
+        return ()
+
+    def __getattr__(name: str) -> Any:
+        if name.startswith("__"):  # the import system's own probes (`from ._loader import x` asks for __path__)
+            raise AttributeError(name)
+        if sys.modules.get(_PYDANTIC_LOADER) is stand_in:
+            del sys.modules[_PYDANTIC_LOADER]
+        import importlib
+
+        return getattr(importlib.import_module(_PYDANTIC_LOADER), name)
+
+    stand_in.get_plugins = get_plugins  # type: ignore[attr-defined]
+    stand_in.__getattr__ = __getattr__  # type: ignore[attr-defined]
+    sys.modules[_PYDANTIC_LOADER] = stand_in
+
+
 def main(args: Optional[list[str]] = None) -> None:
+    _no_pydantic_plugin_discovery()
     _run(cli, args)
 
 

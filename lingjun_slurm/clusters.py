@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 from pydantic import Field, StringConstraints, ValidationError, field_validator
 
 from .errors import EXIT_INVALID, Issue, LingjunError, UsageError
-from .spec.models import NAME_RE, SAFE_PATH_RE, SLURM_WORD_RE, Strict
+from .spec.base import NAME_RE, SAFE_PATH_RE, SLURM_WORD_RE, Strict  # not spec.models: no spec classes at import
 
 if TYPE_CHECKING:
     from .spec.load import LoadedSpec

@@ -57,18 +57,112 @@ def nccl_block(env: NetworkEnv) -> str:
     return network.render(env, "sh").rstrip("\n")
 
 
+# The Environment's options: part of the bytecode cache's key (_cache_dir), since the code a
+# template compiles to depends on them as much as on its source.
+_ENV_OPTIONS: dict[str, object] = dict(
+    trim_blocks=True,
+    lstrip_blocks=True,
+    keep_trailing_newline=True,
+    autoescape=False,
+    # bash uses '{#' (${#array[@]}): Jinja comments get a marker bash never writes.
+    comment_start_string="<#--",
+    comment_end_string="--#>",
+)
+
+
+def cache_root() -> Path:
+    """Where lingjun-slurm keeps caches: $LINGJUN_STATE_DIR/cache when that is set (as the run
+    index is kept there: tests and sandboxes set it), else $XDG_CACHE_HOME/lingjun-slurm, else
+    ~/.cache/lingjun-slurm."""
+    if os.environ.get("LINGJUN_STATE_DIR"):
+        return Path(os.environ["LINGJUN_STATE_DIR"]) / "cache"
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "lingjun-slurm"
+
+
+def _cache_dir() -> Path:
+    """The bytecode cache's directory for this tool version, Jinja version, Environment options
+    and render.py (its mtime and size: a checkout under edit changes them), so compiled code is
+    never used by an Environment other than the one that compiled it. A template's own source
+    is checked by Jinja itself: every cached file carries the SHA-1 of the source it was
+    compiled from, and a different source is compiled afresh (jinja2 3.1 bccache.py,
+    Bucket.load_bytecode: `if self.checksum != checksum: self.reset()`)."""
+    import hashlib
+
+    here = os.stat(__file__)
+    key = repr((__version__, jinja2.__version__, sorted(_ENV_OPTIONS.items()), here.st_mtime_ns, here.st_size))
+    return cache_root() / "jinja2" / f"{__version__}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+class TemplateCodeCache(jinja2.BytecodeCache):
+    """Compiled templates on disk, so `render` does not compile every template on every run
+    (about 50 ms of its start-up; issue 15 item 9). Jinja's documented extension point
+    (jinja2 3.1 bccache.py, BytecodeCache: "override load_bytecode and dump_bytecode"); Jinja
+    computes each bucket's key from the template's name and file and rejects a cached file whose
+    source checksum differs (Bucket.load_bytecode).
+
+    A cache is only a speed-up: a directory that cannot be made, is not this user's own or is
+    writable by others (the files hold code that is run), or a file that cannot be read or
+    written, means compiling as without one, silently.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    @classmethod
+    def open(cls, directory: Path) -> "TemplateCodeCache | None":
+        try:
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            st = os.lstat(directory)
+        except OSError:
+            return None
+        import stat
+
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+            return None
+        if not os.access(directory, os.W_OK | os.X_OK):
+            return None
+        return cls(directory)
+
+    def _path(self, bucket: "jinja2.bccache.Bucket") -> Path:
+        return self.directory / f"{bucket.key}.cache"
+
+    def load_bytecode(self, bucket: "jinja2.bccache.Bucket") -> None:
+        try:
+            with open(self._path(bucket), "rb") as handle:
+                bucket.load_bytecode(handle)
+        except OSError:
+            bucket.reset()
+
+    def dump_bytecode(self, bucket: "jinja2.bccache.Bucket") -> None:
+        path = self._path(bucket)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "wb") as handle:
+                bucket.write_bytecode(handle)
+            os.replace(tmp, path)
+        except OSError:
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
+
+    def clear(self) -> None:
+        for path in self.directory.glob("*.cache"):
+            try:
+                path.unlink()
+            except OSError:
+                pass
+
+
 @lru_cache(maxsize=1)
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir())),
         undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-        autoescape=False,
-        # bash uses '{#' (${#array[@]}): Jinja comments get a marker bash never writes.
-        comment_start_string="<#--",
-        comment_end_string="--#>",
+        bytecode_cache=TemplateCodeCache.open(_cache_dir()),
+        **_ENV_OPTIONS,  # type: ignore[arg-type]
     )
     env.filters["q"] = quote
     env.filters["shjoin"] = join

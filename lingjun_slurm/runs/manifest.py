@@ -24,14 +24,25 @@ MANIFEST = "manifest.json"
 LOCK = ".lock"
 
 
+def _no_items() -> list[Any]:
+    """default_factory of the list fields, instead of `list`: pydantic calls inspect.signature on
+    every default factory (pydantic 2.14 _internal/_fields.py takes_validated_data_argument),
+    and for the builtin `list` that parses its text signature with tokenize, whose first use
+    compiles tokenize's large regex (10-20 ms of a `status`; issue 15 item 9)."""
+    return []
+
+
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    """Built on first use (defer_build): only Manifest's validator is made, when a manifest is
+    read or written, not one per record class at import (issue 15 item 9)."""
+
+    model_config = ConfigDict(extra="ignore", defer_build=True)
 
 
 class DependencyRecord(_Model):
     stage: str
     type: str
-    job_ids: list[str] = Field(default_factory=list, description="Upstream job ids at submit time; [] if none.")
+    job_ids: list[str] = Field(default_factory=_no_items, description="Upstream job ids at submit time; [] if none.")
 
 
 class Attempt(_Model):
@@ -47,12 +58,12 @@ class StageRecord(_Model):
     script: str
     job_name: str
     array: Optional[str] = None
-    job_ids: list[str] = Field(default_factory=list, description="Current job id(s); an array is one id.")
-    depends_on: list[DependencyRecord] = Field(default_factory=list)
+    job_ids: list[str] = Field(default_factory=_no_items, description="Current job id(s); an array is one id.")
+    depends_on: list[DependencyRecord] = Field(default_factory=_no_items)
     submitted_at: Optional[float] = None
     nodes: int = 1
     ntasks: int = 1
-    previous: list[Attempt] = Field(default_factory=list, description="Jobs replaced by resubmit, oldest first.")
+    previous: list[Attempt] = Field(default_factory=_no_items, description="Jobs replaced by resubmit, oldest first.")
 
 
 class ClusterRecord(_Model):
@@ -97,11 +108,11 @@ class Manifest(_Model):
     run_dir: str
     log_dir: str
     state: Literal["submitting", "submitted", "failed"] = "submitting"
-    shipped: list[str] = Field(default_factory=list, description="Wheels unpacked into <run_dir>/site.")
-    stages: list[StageRecord] = Field(default_factory=list)
-    events: list[dict[str, Any]] = Field(default_factory=list, description="submit / resubmit / cancel history.")
+    shipped: list[str] = Field(default_factory=_no_items, description="Wheels unpacked into <run_dir>/site.")
+    stages: list[StageRecord] = Field(default_factory=_no_items)
+    events: list[dict[str, Any]] = Field(default_factory=_no_items, description="submit / resubmit / cancel history.")
 
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, defer_build=True)
 
     def stage(self, name: str) -> StageRecord:
         for st in self.stages:

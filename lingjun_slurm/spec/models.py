@@ -15,9 +15,11 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import AfterValidator, ConfigDict, Field, StringConstraints, field_validator
 
 from ..timefmt import TIME_HELP, format_time, parse_time
+# The patterns and the Strict base live in base.py (clusters.py shares them); re-exported here.
+from .base import CONSTRAINT_RE, CPU_BIND_RE, ENV_NAME_RE, NAME_RE, SAFE_PATH_RE, SLURM_WORD_RE, Strict  # noqa: F401
 
 SPEC_VERSION = 1
 BUILTIN_STAGES = ("preprocess", "merge", "train", "checkpoint")
@@ -153,17 +155,6 @@ def check_time(value: Any) -> int:
     return seconds
 
 
-# Values that end up on #SBATCH lines or in Slurm's own parsing: no quoting possible there.
-NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
-SLURM_WORD_RE = r"^[A-Za-z0-9][A-Za-z0-9._+-]*(,[A-Za-z0-9][A-Za-z0-9._+-]*)*$"
-CONSTRAINT_RE = r"^[A-Za-z0-9._&|\[\]*()!:,-]+$"
-# Paths that appear on #SBATCH lines (log directory, --chdir) or in pyxis mount lists.
-SAFE_PATH_RE = r"^/[A-Za-z0-9._+@=/-]*$"
-ENV_NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
-# srun --cpu-bind values (srun(1)): one word, or a map/mask list of numbers.
-CPU_BIND_RE = (r"^(profile|(verbose,)?(none|no|cores|sockets|ldoms|threads|rank|rank_ldom|"
-               r"(map_cpu|mask_cpu|map_ldom|mask_ldom):(0x)?[0-9a-fA-F]+(,(0x)?[0-9a-fA-F]+)*))$")
-
 Bounded = Annotated[str, AfterValidator(_text_fits)]
 Name = Annotated[str, StringConstraints(pattern=NAME_RE)]
 SlurmWord = Annotated[str, StringConstraints(pattern=SLURM_WORD_RE), AfterValidator(_text_fits)]
@@ -176,8 +167,13 @@ TimeLimit = Union[str, int]
 Memory = Annotated[str, StringConstraints(pattern=r"^[0-9]+[KMGT]?$"), AfterValidator(_mem_fits)]
 
 
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+def _no_items() -> list[Any]:
+    """default_factory of the list fields, instead of `list` (start-up, issue 15). pydantic asks
+    every default factory whether it takes the validated data (pydantic 2.14
+    _internal/_fields.py takes_validated_data_argument: inspect.signature(factory)); for the
+    builtin `list` inspect parses its text signature with tokenize, whose first use compiles
+    tokenize's large regex, 10-20 ms of a `validate`. A plain function's signature costs nothing."""
+    return []
 
 
 class SpecModel(Strict):
@@ -201,7 +197,7 @@ class RunSpec(SpecModel):
                     "import it from there (PYTHONPATH), so images need not have it.",
     )
     ship_wheels: list[AbsPath] = Field(
-        default_factory=list,
+        default_factory=_no_items,
         description="More wheel files to ship the same way (e.g. megatron-core built for the image's Python).",
     )
 
@@ -264,7 +260,7 @@ class Mount(SpecModel):
     dst: SafePath = Field(description="Path inside the container (absolute).")
     flags: list[Literal["ro", "rw", "nosuid", "nodev", "noexec", "rbind", "bind", "private", "rprivate", "slave",
                         "rslave", "shared", "rshared", "x-create=dir", "x-create=file", "x-create=auto"]] = Field(
-        default_factory=list, description="Mount flags, joined with '+' for pyxis (e.g. [ro])."
+        default_factory=_no_items, description="Mount flags, joined with '+' for pyxis (e.g. [ro])."
     )
 
 
@@ -277,7 +273,7 @@ class ContainerSpec(SpecModel):
         description="Image: [USER@][REGISTRY#]IMAGE[:TAG] (note the '#') or a .sqsh path starting with / or ./.",
     )
     mounts: list[Union[Bounded, Mount]] = Field(
-        default_factory=list, description="Bind mounts as SRC:DST[:FLAGS] strings or {src, dst, flags}."
+        default_factory=_no_items, description="Bind mounts as SRC:DST[:FLAGS] strings or {src, dst, flags}."
     )
     workdir: Optional[SafePath] = Field(default=None, description="Working directory inside the container.")
     mount_home: bool = Field(default=False, description="Mount the user's home (--container-mount-home).")
@@ -301,7 +297,7 @@ class ContainerSpec(SpecModel):
                     "Default: <workdir>/images.",
     )
     env_passthrough: list[EnvName] = Field(
-        default_factory=list,
+        default_factory=_no_items,
         description="More host variables to force into the container (--container-env), beyond those the job sets.",
     )
 
@@ -328,7 +324,7 @@ class DataSpec(SpecModel):
         default="builtin",
         description="builtin: lingjun_slurm's streaming preprocessor; megatron-lm: the image's preprocess_data.py.",
     )
-    inputs: list[AbsPath] = Field(default_factory=list, description="jsonl files or globs (absolute).")
+    inputs: list[AbsPath] = Field(default_factory=_no_items, description="jsonl files or globs (absolute).")
     json_keys: list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]+$", max_length=NAME_BYTES_MAX)]] = Field(
         default_factory=lambda: ["text"], description="JSON keys to tokenize; one output dataset per key."
     )
@@ -439,7 +435,7 @@ class TrainingSpec(SpecModel):
                     "map_ldom:0,0,1,1 or mask_cpu:0xff,...; default: Slurm's own binding.",
     )
     extra_args: list[Text] = Field(
-        default_factory=list, description="More pretrain_gpt.py arguments, passed verbatim (each one quoted)."
+        default_factory=_no_items, description="More pretrain_gpt.py arguments, passed verbatim (each one quoted)."
     )
 
 
@@ -480,7 +476,7 @@ class StagesSpec(SpecModel):
     merge: StageToggle = Field(default_factory=StageToggle)
     train: StageToggle = Field(default_factory=StageToggle)
     checkpoint: StageToggle = Field(default_factory=StageToggle)
-    commands: list[CommandStage] = Field(default_factory=list, description="User command stages.")
+    commands: list[CommandStage] = Field(default_factory=_no_items, description="User command stages.")
 
 
 class Spec(SpecModel):
