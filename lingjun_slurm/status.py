@@ -22,7 +22,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
-from .errors import CommandError, SlurmUnavailable
+from .errors import CommandError, LingjunError, SlurmUnavailable
 from .runs.manifest import Manifest, StageRecord
 from .slurm.parse import JobInfo, SlurmParseError, parse_jobcomp_filetxt
 from .slurm.queue import Choice, QueueReader, choose_reader
@@ -151,6 +151,26 @@ def aggregate(infos: list[JobInfo], now: float) -> tuple[str, Optional[str], Opt
     return state, reason, exit_code, (max(elapsed) if elapsed else None), (",".join(nodes) or None), restarts
 
 
+# <run_dir>/stage-notes/<stage>.txt: one line a stage leaves for status (the train stage's
+# checkpoint fallback, lingjun_slurm/train/resume.py); shown in the stage's REASON.
+STAGE_NOTES = "stage-notes"
+NOTED_STAGES = ("train",)
+
+
+def _add_note(st: StageStatus, t: Optional[Transport], run_dir: str) -> None:
+    if st.name not in NOTED_STAGES or not run_dir or st.state in ("NOT_SUBMITTED", "PENDING"):
+        return
+    from .transport.local import LocalTransport
+
+    try:
+        text = (t or LocalTransport()).read_text(f"{run_dir.rstrip('/')}/{STAGE_NOTES}/{st.name}.txt")
+    except (OSError, LingjunError):  # the note is extra: never what makes status fail
+        return
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if lines:
+        st.reason = f"{st.reason}; {lines[-1]}" if st.reason and st.reason != "None" else lines[-1]
+
+
 def _explain_dependencies(run: RunStatus, manifest: Manifest) -> None:
     """A stage cancelled or stuck because an upstream failed gets the upstream in its reason."""
     by_name = {s.name: s for s in run.stages}
@@ -232,6 +252,7 @@ class StatusCollector:
                 state, reason, code, elapsed, nodes, restarts = aggregate(infos, now)
                 run.stages.append(StageStatus(rec.name, list(rec.job_ids), state, reason, code, elapsed, nodes,
                                               restarts))
+                _add_note(run.stages[-1], self.t, m.run_dir)
             _explain_dependencies(run, m)
             out.append(run)
         return out
@@ -346,6 +367,7 @@ def local_status(m: Manifest, transport: Optional[Transport] = None) -> RunStatu
             continue
         s, reason, code, elapsed, nodes, restarts = aggregate(infos, now)
         run.stages.append(StageStatus(rec.name, list(rec.job_ids), s, reason, code, elapsed, nodes, restarts))
+        _add_note(run.stages[-1], transport, m.run_dir)
     _explain_dependencies(run, m)
     return run
 

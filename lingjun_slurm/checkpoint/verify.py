@@ -231,6 +231,30 @@ def _file_sizes(iter_dir: Path, rels: list[str]) -> dict[str, int | None]:
     return sizes
 
 
+def quick_problems(iter_dir: Path, iteration: int | str) -> list[str]:
+    """What `verify` finds without reading any file whole: the manifest's sizes (not its hashes),
+    metadata.json, every shard .metadata names at least as long as its recorded extents, and
+    common.pt. [] when the checkpoint passes. The trainer runs this before every resume
+    (train/resume.py): seconds on a multi-TB checkpoint, where hashing takes minutes."""
+    torch, _have_megatron = _imports()
+    problems: list[str] = []
+    manifest, mproblems = mf.read(iter_dir, iteration)
+    problems += mproblems
+    if manifest is not None:
+        for rel, want in sorted(mf.expected(manifest).items()):
+            try:
+                size = os.stat(iter_dir / rel).st_size
+            except OSError:
+                problems.append(f"missing file {rel} listed in {MANIFEST}")
+                continue
+            if size != want.size:
+                problems.append(f"file {rel} has {size} bytes; {MANIFEST} says {want.size}")
+    problems += _check_config(iter_dir)
+    problems += _check_shards(torch, iter_dir)[0]
+    problems += _check_common(torch, iter_dir, iteration, [])[0]
+    return problems
+
+
 def verify(ckpt_dir: Path | str, iteration: int | None = None, *, write_manifest: bool = False,
            load_tensors: bool = False, workers: int | None = None) -> VerifyReport:
     """Verify the latest checkpoint (or `iteration`); raise CheckpointDamaged listing every problem.

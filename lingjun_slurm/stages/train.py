@@ -35,15 +35,26 @@ def main(plan: dict) -> int:
         return 130
     except (SystemExit, GeneratorExit):
         raise
-    except Exception as exc:  # a crash inside torch/megatron: the traceback, then one summary line
-        traceback.print_exc()
-        print(f"lingjun-slurm: train: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+    except OSError as exc:
+        from ..diskspace import NO_SPACE, no_space_reason
+
+        if exc.errno not in NO_SPACE:  # a full disk is one line; anything else a crash (below)
+            return _crash(exc)
+        print(f"lingjun-slurm: train: {no_space_reason(exc.filename, exc.errno)}", file=sys.stderr, flush=True)
         return 1
+    except Exception as exc:  # a crash inside torch/megatron: the traceback, then one summary line
+        return _crash(exc)
     except BaseException as exc:  # torch's CheckpointException (dist_checkpointing) is a BaseException
         from ..train.ckpt import describe_exception
 
         print(f"lingjun-slurm: train: {describe_exception(exc)}", file=sys.stderr, flush=True)
         return 1
+
+
+def _crash(exc: BaseException) -> int:
+    traceback.print_exception(exc)
+    print(f"lingjun-slurm: train: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+    return 1
 
 
 if __name__ == "__main__":  # python3 -m lingjun_slurm.stages.train --plan PLAN.json (the stage dispatcher's twin)

@@ -303,9 +303,70 @@ def _barrier() -> None:
         dist.barrier()
 
 
+def _no_space(path: str, exc: BaseException) -> str | None:
+    """"no space left on <mount>" / "disk quota exceeded on <mount>" when the failed save ran out of
+    space, else None. torch's zip writer hides the errno ("[enforce fail at inline_container.cc:672]
+    . unexpected pos 704 vs 598", "PytorchStreamWriter failed writing file ..."), so besides an
+    OSError's errno and the strerror texts, the filesystem itself is asked: no free block left
+    (statvfs), or a small write there fails now with ENOSPC/EDQUOT (the only way to see a quota)."""
+    import errno
+
+    from ..diskspace import NO_SPACE, full_filesystem, mount_point
+
+    def what(err: int) -> str:
+        return "no space left on" if err == errno.ENOSPC else "disk quota exceeded on"
+
+    seen: list[BaseException] = [exc]
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict):
+        seen += [w[0] if isinstance(w, tuple) else w for w in failures.values()]
+    for e in list(seen):
+        seen += [c for c in (e.__cause__, e.__context__) if c is not None and c not in seen]
+    for e in seen:
+        if isinstance(e, OSError) and e.errno in NO_SPACE:
+            return f"{what(e.errno)} {mount_point(path)}"
+    text = describe_exception(exc)
+    if "No space left on device" in text:
+        return f"{what(errno.ENOSPC)} {mount_point(path)}"
+    if "Disk quota exceeded" in text:
+        return f"{what(errno.EDQUOT)} {mount_point(path)}"
+    where = path if os.path.isdir(path) else os.path.dirname(path)
+    if full_filesystem(where):
+        return f"{what(errno.ENOSPC)} {mount_point(where)}"
+    probe = os.path.join(where, f".lingjun-space-probe-{os.getpid()}")
+    try:
+        with open(probe, "wb") as fh:
+            fh.write(b"\0" * (1 << 20))
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as err:
+        if err.errno in NO_SPACE:
+            return f"{what(err.errno)} {mount_point(where)}"
+    finally:
+        try:
+            os.unlink(probe)
+        except OSError:
+            pass
+    return None
+
+
+def _move_damaged(path: str) -> None:
+    """Rename a damaged iteration directory out of the way (never delete it): iter_N.damaged-<UTC>."""
+    aside = f"{path}.damaged-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+    os.rename(path, aside)
+    log.warning("moved the damaged %s aside to %s (it is kept; delete it when no longer needed)", path, aside)
+
+
 def save(ckpt_dir: str, model: Any, optimizer: Any, scheduler: Any, settings: TrainSettings, rt: Runtime,
-         progress: Progress, padded_vocab: int) -> tuple[str, float]:
-    """Save iteration progress.iteration; returns (path, seconds). The tracker moves only afterwards."""
+         progress: Progress, padded_vocab: int, damaged: tuple[str, ...] = ()) -> tuple[str, float]:
+    """Save iteration progress.iteration; returns (path, seconds). The tracker moves only afterwards
+    (as Megatron-LM's save_checkpoint: the tracker is written in the finalize step, after the
+    save, megatron/training/checkpointing.py:1074-1084 at d98e8a64).
+
+    damaged: names of iteration directories this start found damaged (resume.resume): one of them
+    in the way of this save is moved aside, not overwritten and not deleted. A save that runs out
+    of space is one line naming the mount point; the half-written directory is left, the tracker
+    still names the previous checkpoint, and the next save of that iteration replaces it."""
     from megatron.core import dist_checkpointing, parallel_state
     from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
     from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
@@ -316,6 +377,8 @@ def save(ckpt_dir: str, model: Any, optimizer: Any, scheduler: Any, settings: Tr
     path = os.path.join(ckpt_dir, iter_name(progress.iteration))
     if rt.rank == 0:
         os.makedirs(ckpt_dir, exist_ok=True)
+        if os.path.exists(path) and os.path.basename(path) in damaged:
+            _move_damaged(path)
         if os.path.exists(path):
             tracker = read_tracker(ckpt_dir)
             if tracker.iteration is None or tracker.iteration >= progress.iteration:
@@ -338,18 +401,29 @@ def save(ckpt_dir: str, model: Any, optimizer: Any, scheduler: Any, settings: Tr
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:  # torch's CheckpointException derives from BaseException
+        full = _no_space(path, exc)
+        if full:
+            raise TrainError(f"{full} writing checkpoint {path} (iteration {progress.iteration})") from None
         raise TrainError(f"cannot save checkpoint {path} (iteration {progress.iteration}): "
                          f"{describe_exception(exc)}") from None
-    _barrier()  # every rank's shards are on disk
-    if rt.rank == 0:
-        write_tracker(ckpt_dir, progress.iteration)
+    try:
+        _barrier()  # every rank's shards are on disk
+        if rt.rank == 0:
+            write_tracker(ckpt_dir, progress.iteration)
+    except OSError as exc:
+        full = _no_space(ckpt_dir, exc)
+        if full:
+            raise TrainError(f"{full} writing the tracker of checkpoint {path} (iteration {progress.iteration}); "
+                             "the tracker still names the previous checkpoint") from None
+        raise
     _barrier()
     return path, time.perf_counter() - start
 
 
 def latest(ckpt_dir: str) -> int | None:
-    """The tracker's iteration; None without a checkpoint; TrainError when the tracker is unusable."""
-    from ..checkpoint import iter_name, read_tracker
+    """The tracker's iteration; None without a checkpoint; TrainError when the tracker is unusable
+    (not a number: Megatron-LM's read_metadata exits too, checkpointing.py:388-405 at d98e8a64)."""
+    from ..checkpoint import read_tracker
 
     if not os.path.isdir(ckpt_dir):
         return None
@@ -370,9 +444,8 @@ def latest(ckpt_dir: str) -> int | None:
         raise TrainError(f"cannot resume from {ckpt_dir}: the tracker says 'release' (a converted or final "
                          "checkpoint); the builtin trainer resumes only from iter_NNNNNNN checkpoints")
     assert tracker.iteration is not None
-    if not os.path.isdir(os.path.join(ckpt_dir, iter_name(tracker.iteration))):
-        raise TrainError(f"cannot resume: the tracker points at {iter_name(tracker.iteration)}, "
-                         f"which does not exist in {ckpt_dir}")
+    # A tracker that names a missing directory is resume.resume's to handle: it falls back to the
+    # newest older directory that passes its check.
     return tracker.iteration
 
 
@@ -443,9 +516,28 @@ def _rng_hint(text: str) -> str:
     return ""
 
 
+class CheckpointReadError(TrainError):
+    """The checkpoint's files could not be read back (damaged): resume tries an older one."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+# What a load says when the bytes on disk are damaged rather than the run's settings different
+# from the checkpoint's: torch's zip reader (caffe2 inline_container.cc "PytorchStreamReader
+# failed ..."), pickle on truncated or overwritten bytes, files gone.
+_READ_FAILURES = ("PytorchStreamReader", "UnpicklingError", "EOFError", "Ran out of input", "invalid load key",
+                  "unexpected EOF", "truncated", "central directory", "CRC", "FileNotFoundError",
+                  "No such file", "Input/output error", "BadZipFile", "UnicodeDecodeError")
+
+
 def _load_failed(path: str, iteration: int, exc: BaseException) -> TrainError:
     text = describe_exception(exc)
-    return TrainError(f"cannot load checkpoint {path} (iteration {iteration}): {text}{_rng_hint(text)}")
+    message = f"cannot load checkpoint {path} (iteration {iteration}): {text}{_rng_hint(text)}"
+    if any(marker in text for marker in _READ_FAILURES):
+        return CheckpointReadError(message, f"the load failed: {text}")
+    return TrainError(message)
 
 
 def load(ckpt_dir: str, iteration: int, model: Any, optimizer: Any, scheduler: Any, settings: TrainSettings,

@@ -84,12 +84,13 @@ def _stop_at() -> int | None:
 
 def run(settings: TrainSettings) -> int:
     """Train (or resume) to settings.training.iterations; 0 when done or stopped by a signal."""
-    from . import ckpt, data, runtime  # light: torch and megatron are imported further down
+    from . import ckpt, data, resume, runtime  # light: torch and megatron are imported further down
     from .loop import StopFlag
 
     env = runtime.dist_env()
     setup_logging(env.rank)
     total = settings.training.iterations
+    verify_mode = resume.verify_mode()
     start_iter = ckpt.latest(settings.checkpoint.dir)
     if start_iter is not None and start_iter >= total:
         log.info("checkpoint %s is at iteration %d of %d: nothing to train", settings.checkpoint.dir, start_iter, total)
@@ -130,9 +131,14 @@ def run(settings: TrainSettings) -> int:
                      metrics.flops_per_sample(settings.model, vocab), metrics.peak_tflops(device_name))
         if start_iter is not None:
             t0 = time.perf_counter()
-            tr.progress = ckpt.load(settings.checkpoint.dir, start_iter, ddp, optimizer, scheduler, settings, rt, vocab)
-            log.info("resumed from %s/iter_%07d (consumed samples %d) in %.2f s", settings.checkpoint.dir,
-                     start_iter, tr.progress.consumed_train_samples, time.perf_counter() - t0)
+            outcome = resume.resume(
+                settings, rt, start_iter,
+                lambda it: ckpt.load(settings.checkpoint.dir, it, ddp, optimizer, scheduler, settings, rt, vocab),
+                mx, verify_mode)
+            tr.progress, tr.damaged = outcome.progress, outcome.damaged_names
+            log.info("resumed from %s/iter_%07d (consumed samples %d; checked %s) in %.2f s", settings.checkpoint.dir,
+                     outcome.iteration, tr.progress.consumed_train_samples,
+                     "with hashes" if verify_mode == "full" else "structure and sizes", time.perf_counter() - t0)
         if start_iter is None:  # Megatron-LM's DataLoaders draw here too; a resume restores the state after them
             data.megatron_loader_draws(rt, data.megatron_split_count(settings, valid_ds))
         params = model.count_parameters(ddp)

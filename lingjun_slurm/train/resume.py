@@ -1,0 +1,191 @@
+"""Which checkpoint to resume from: check it before loading, fall back past damaged ones.
+
+Before the load, rank 0 checks the checkpoint the tracker names, cheaply, with what the format
+itself records (lingjun_slurm.checkpoint.verify's checks, not a second verifier):
+
+  - the tracker: read the way Megatron-LM's read_metadata reads it (strip, int(); anything
+    else is an error there, `sys.exit()`: NVIDIA/Megatron-LM megatron/training/checkpointing.py
+    :388-405 at d98e8a64), done by ckpt.latest();
+  - the iteration directory exists;
+  - metadata.json (megatron-core's CONFIG_FNAME, dist_checkpointing/core.py:12, written last by
+    dist_checkpointing.save, serialization.py:340-345) reads and says torch_dist;
+  - .metadata (torch's _metadata_fn, torch/distributed/checkpoint/filesystem.py:69) unpickles,
+    and every shard file its storage_data names (_StorageInfo relative_path, offset, length,
+    filesystem.py:75-80, filled per item at :328-369 and gathered at :763-764) is present and at
+    least offset + length bytes long;
+  - common.pt is an intact torch archive (zip CRCs) that loads with weights_only=True;
+  - when the iteration has a lingjun-manifest.json: every file it lists with its recorded size.
+
+Hashing every file against the manifest reads the whole checkpoint (minutes for terabytes), so
+it happens only when asked: LINGJUN_VERIFY_CHECKPOINT=full runs `checkpoint verify`'s full
+verification (lingjun_slurm.checkpoint.verify.verify) instead.
+
+A checkpoint that fails the check, or whose load raises a read error (torch's
+"PytorchStreamReader failed ...", a truncated pickle), is damaged: the next older iteration
+directory is tried, down to the oldest. The fallback is said once on stderr, recorded in
+metrics.jsonl ("resume_fallback") and in <run_dir>/stage-notes/train.txt, which
+`lingjun-slurm status` shows in the train stage's REASON column. The damaged directories stay
+where they are and the tracker is not rewritten (Megatron-LM never rewrites it on a load; it
+writes it only after a complete save, checkpointing.py:1074-1084): the next save of that
+iteration moves the damaged directory aside to iter_NNNNNNN.damaged-<UTC time> instead of
+overwriting it (ckpt.save).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import TrainError
+
+log = logging.getLogger(__name__)
+
+VERIFY_ENV = "LINGJUN_VERIFY_CHECKPOINT"
+MODES = ("cheap", "full")
+NOTES_DIR = "stage-notes"  # <run_dir>/stage-notes/<stage>.txt: read by lingjun_slurm.status
+STAGE = "train"
+
+
+def verify_mode() -> str:
+    """LINGJUN_VERIFY_CHECKPOINT: "cheap" (default: structure and sizes) or "full" (hashes too)."""
+    raw = os.environ.get(VERIFY_ENV, "").strip().lower()
+    if raw in ("", "cheap"):
+        return "cheap"
+    if raw == "full":
+        return "full"
+    raise TrainError(f"{VERIFY_ENV}={os.environ[VERIFY_ENV]!r} is not one of: {', '.join(MODES)}")
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def check(ckpt_dir: str, iteration: int, mode: str = "cheap") -> list[str]:
+    """The problems of iteration `iteration` in ckpt_dir; [] when it passes."""
+    from ..checkpoint import iter_name
+    from ..checkpoint.errors import CheckpointDamaged, CheckpointError
+    from ..checkpoint.verify import quick_problems, verify
+
+    iter_dir = Path(ckpt_dir) / iter_name(iteration)
+    if not iter_dir.is_dir():
+        return [f"{iter_name(iteration)} does not exist in {ckpt_dir}"]
+    if mode == "full":
+        try:
+            report = verify(ckpt_dir, iteration)
+        except CheckpointDamaged as exc:
+            return [_one_line(p) for p in exc.problems]
+        except CheckpointError as exc:
+            return [_one_line(str(exc))]
+        if report.manifest == "absent":
+            log.warning("%s has no lingjun-manifest.json: full verification had no hashes to compare "
+                        "(`lingjun-slurm checkpoint verify DIR --write-manifest` writes one)", iter_dir)
+        return []
+    problems = quick_problems(iter_dir, iteration)
+    return [_one_line(p) for p in problems]
+
+
+def candidates(ckpt_dir: str, tracker_iteration: int) -> list[int]:
+    """The tracker's iteration, then every older iteration directory, newest first. Directories
+    newer than the tracker are unfinished saves: never resumed from."""
+    from ..checkpoint.layout import iterations
+
+    older = [it for it, _ in iterations(Path(ckpt_dir)) if it < tracker_iteration]
+    return [tracker_iteration, *sorted(older, reverse=True)]
+
+
+@dataclass
+class Outcome:
+    progress: Any  # ckpt.Progress
+    iteration: int
+    damaged: list[tuple[str, str]] = field(default_factory=list)  # (iter_NNNNNNN, reason), newest first
+
+    @property
+    def damaged_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.damaged)
+
+
+def _broadcast(rt: Any, value: Any) -> Any:
+    import torch.distributed as dist
+
+    if rt.world_size == 1 or not dist.is_initialized():
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0, device=rt.device if rt.use_cuda else None)
+    return box[0]
+
+
+def _any_rank(rt: Any, flag: bool) -> bool:
+    import torch
+    import torch.distributed as dist
+
+    if rt.world_size == 1 or not dist.is_initialized():
+        return flag
+    t = torch.tensor([1 if flag else 0], dtype=torch.int64, device=rt.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def fallback_line(damaged: list[tuple[str, str]], resumed: str) -> str:
+    said = ", ".join(f"{name} is damaged ({reason})" for name, reason in damaged)
+    return f"checkpoint {said}; resuming from {resumed}, the newest that passes"
+
+
+def write_note(run_dir: str, text: str) -> None:
+    """<run_dir>/stage-notes/train.txt: one line, what `status` shows for the train stage."""
+    from ..checkpoint.layout import atomic_write
+
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    try:
+        os.makedirs(os.path.join(run_dir, NOTES_DIR), exist_ok=True)
+        atomic_write(Path(run_dir) / NOTES_DIR / f"{STAGE}.txt", f"{stamp} {text}\n".encode())
+    except OSError as exc:
+        log.warning("cannot record the checkpoint fallback for `status` in %s: %s", run_dir, exc.strerror or exc)
+
+
+def resume(settings: Any, rt: Any, tracker_iteration: int, load: Any, metrics: Any = None,
+           mode: str = "cheap") -> Outcome:
+    """Check, then load, the newest checkpoint that passes, from the tracker's down.
+
+    load(iteration) restores that iteration (ckpt.load) and returns its Progress; it raises
+    ckpt.CheckpointReadError for a damaged checkpoint (anything else is raised as it is).
+    Every rank calls this; rank 0 checks the files and says what it found to the others, and a
+    load that fails on any rank sends every rank to the next candidate."""
+    from . import ckpt
+    from ..checkpoint import iter_name
+
+    ckpt_dir = settings.checkpoint.dir
+    order = _broadcast(rt, candidates(ckpt_dir, tracker_iteration) if rt.rank == 0 else None)
+    damaged: list[tuple[str, str]] = []
+    for it in order:
+        name = iter_name(it)
+        problems = _broadcast(rt, check(ckpt_dir, it, mode) if rt.rank == 0 else None)
+        if problems:
+            damaged.append((name, "; ".join(problems)))
+            continue
+        error: str | None = None
+        progress = None
+        try:
+            progress = load(it)
+        except ckpt.CheckpointReadError as exc:
+            error = exc.reason
+        if _any_rank(rt, error is not None):
+            damaged.append((name, error or "the load failed on another rank"))
+            continue
+        outcome = Outcome(progress, it, damaged)
+        if damaged and rt.rank == 0:
+            line = fallback_line(damaged, name)
+            print(f"lingjun-slurm: train: {line}", file=sys.stderr, flush=True)
+            write_note(settings.run_dir, line)
+            if metrics is not None:
+                metrics.record("resume_fallback", iteration=it, resumed_from=name, tracker=iter_name(tracker_iteration),
+                               damaged=[{"name": n, "reason": r} for n, r in damaged])
+        return outcome
+    said = "; ".join(f"{name}: {reason}" for name, reason in damaged)
+    raise TrainError(f"cannot resume from {ckpt_dir}: no checkpoint passes the check ({said}); "
+                     "the damaged directories were left as they are")
+
