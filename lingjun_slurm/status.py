@@ -390,28 +390,39 @@ def _gone_job(t: Optional[Transport], run_dir: str, key: str) -> tuple[str, Opti
     return "FAILED", f"NonZeroExitCode, after {gone}", marker.exit_code, marker.end
 
 
-def format_table(runs: list[RunStatus]) -> str:
+def run_banner(run: RunStatus) -> str:
+    """What the run's header line says after its name: why its stages' states may be old or
+    unknown (STALE: the host is unreachable; UNKNOWN: Slurm did not answer); "" otherwise."""
+    if run.stale_as_of is not None:
+        seen = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.stale_as_of)) if run.stale_as_of else "never"
+        return f"STALE: {run.host} is unreachable; last status seen here at {seen}"
+    if run.slurm_error is not None:
+        return f"UNKNOWN: Slurm did not answer: {run.slurm_error}"
+    return ""
+
+
+def stage_cells(run: RunStatus, s: StageStatus) -> tuple[str, str, str]:
+    """(ELAPSED, EXIT, REASON) of a stage's row, as the plain and the rich table show them; a
+    reason that repeats the run's banner points to it."""
     from .timefmt import format_time
 
+    elapsed = format_time(s.elapsed_s) if s.elapsed_s is not None else "-"
+    code = "-" if s.exit_code is None else str(s.exit_code)
+    reason = s.reason or ""
+    if run.slurm_error is not None and reason == f"Slurm did not answer: {run.slurm_error}":
+        reason = "Slurm did not answer (above)"
+    return elapsed, code, reason
+
+
+def format_table(runs: list[RunStatus]) -> str:
     lines = []
     for run in runs:
-        if run.stale_as_of is not None:
-            seen = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.stale_as_of)) if run.stale_as_of else "never"
-            lines.append(f"run {run.run_id}  ({run.executor} on {run.host})  STALE: {run.host} is unreachable; "
-                         f"last status seen here at {seen}")
-        elif run.slurm_error is not None:
-            lines.append(f"run {run.run_id}  ({run.executor} on {run.host})  UNKNOWN: Slurm did not answer: "
-                         f"{run.slurm_error}")
-        else:
-            lines.append(f"run {run.run_id}  ({run.executor} on {run.host})")
+        banner = run_banner(run)
+        lines.append(f"run {run.run_id}  ({run.executor} on {run.host})" + (f"  {banner}" if banner else ""))
         lines.append(f"  {'STAGE':<16} {'JOB':<12} {'STATE':<12} {'ELAPSED':>10} {'EXIT':>4} {'RESTARTS':>8}  "
                      f"{'NODES':<14} REASON")
         for s in run.stages:
-            elapsed = format_time(s.elapsed_s) if s.elapsed_s is not None else "-"
-            code = "-" if s.exit_code is None else str(s.exit_code)
-            reason = s.reason or ""
-            if run.slurm_error is not None and reason == f"Slurm did not answer: {run.slurm_error}":
-                reason = "Slurm did not answer (above)"
+            elapsed, code, reason = stage_cells(run, s)
             lines.append(f"  {s.name:<16} {','.join(s.job_ids) or '-':<12} {s.state:<12} {elapsed:>10} {code:>4} "
                          f"{s.restarts:>8}  {s.nodes or '-':<14} {reason}".rstrip())
         lines.append("")

@@ -129,19 +129,16 @@ def status_renderable(runs: "Sequence[RunStatus]") -> "RenderableType":
     from rich.table import Table
     from rich.text import Text
 
-    from .timefmt import format_time
+    from .status import run_banner, stage_cells
 
     if not runs:
         return Text("no runs")
     parts: list[Any] = []
     for run in runs:
         head = Text.assemble(("run ", "bold"), (run.run_id, "bold"), f"  ({run.executor} on {run.host})")
-        if run.stale_as_of is not None:
-            seen = (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.stale_as_of))
-                    if run.stale_as_of else "never")
-            head.append(f"  STALE: {run.host} is unreachable; last status seen here at {seen}", style="yellow")
-        elif run.slurm_error is not None:
-            head.append(f"  UNKNOWN: Slurm did not answer: {run.slurm_error}", style="yellow")
+        banner = run_banner(run)
+        if banner:
+            head.append(f"  {banner}", style="yellow")
         table = Table(box=box.SIMPLE_HEAD, header_style="bold", pad_edge=False, show_edge=False, collapse_padding=True)
         table.add_column("STAGE", no_wrap=True)
         table.add_column("JOB", no_wrap=True)
@@ -152,11 +149,7 @@ def status_renderable(runs: "Sequence[RunStatus]") -> "RenderableType":
         table.add_column("NODES")
         table.add_column("REASON", overflow="fold")
         for s in run.stages:
-            elapsed = format_time(s.elapsed_s) if s.elapsed_s is not None else "-"
-            code = "-" if s.exit_code is None else str(s.exit_code)
-            reason = s.reason or ""
-            if run.slurm_error is not None and reason == f"Slurm did not answer: {run.slurm_error}":
-                reason = "Slurm did not answer (above)"
+            elapsed, code, reason = stage_cells(run, s)
             table.add_row(s.name, ",".join(s.job_ids) or "-", Text(s.state, style=state_style(s.state)), elapsed,
                           Text(code, style="red" if s.exit_code else ""), str(s.restarts), s.nodes or "-",
                           reason)
@@ -224,7 +217,45 @@ def styled_line(line: str) -> Any:
     return text
 
 
-class LocalProgress:
+class _LiveLine:
+    """One live line (a turning spinner and text()) under lines printed above it, on self.out;
+    used as a context manager. A terminal gone (SIGHUP) when it stops is not an error: the run
+    record says how the run ended."""
+
+    out: "Console"
+    _live: Any = None
+    _spinner: Any = None
+
+    def text(self) -> Any:
+        raise NotImplementedError
+
+    def _renderable(self) -> "RenderableType":
+        from rich.spinner import Spinner
+
+        if self._spinner is None:  # one spinner, so that it turns
+            self._spinner = Spinner("dots", style="cyan")
+        self._spinner.update(text=self.text())
+        return self._spinner
+
+    def __enter__(self) -> Any:
+        from rich.live import Live
+
+        self._live = Live(console=self.out, get_renderable=self._renderable, refresh_per_second=4, transient=True,
+                          redirect_stdout=False, redirect_stderr=False)
+        self._live.start()
+        return self
+
+    def _end(self) -> None:
+        self._live.stop()
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self._end()
+        except (OSError, ValueError):
+            pass
+
+
+class LocalProgress(_LiveLine):
     """Under `submit --executor local` on a terminal: the runner's state-change lines scroll as
     before (state words coloured) above one live line: a spinner, how many stages have ended, which
     are running and for how long the run has been going. tasks() gives (stage, state) pairs."""
@@ -254,35 +285,15 @@ class LocalProgress:
             text += f"; failed {', '.join(failed)}"
         return text + f"; {format_time(int(time.monotonic() - self.started))} (Ctrl-C cancels)"
 
-    def _renderable(self) -> "RenderableType":
-        from rich.spinner import Spinner
-
-        if self._spinner is None:  # one spinner, so that it turns
-            self._spinner = Spinner("dots", style="cyan")
-        self._spinner.update(text=self.summary())
-        return self._spinner
+    def text(self) -> str:
+        return self.summary()
 
     def line(self, text: str) -> None:
         """Print one runner line above the live line (OSError as it comes: the runner silences it)."""
         self.out.print(styled_line(text), soft_wrap=True)  # long lines wrap as the terminal does
         _check(self.out)
 
-    def __enter__(self) -> "LocalProgress":
-        from rich.live import Live
-
-        self._live = Live(console=self.out, get_renderable=self._renderable, refresh_per_second=4, transient=True,
-                          redirect_stdout=False, redirect_stderr=False)
-        self._live.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            self._live.stop()
-        except (OSError, ValueError):  # SIGHUP: the terminal is gone; the record says how the run ended
-            pass
-
-
-class FollowView:
+class FollowView(_LiveLine):
     """Under `logs --follow` on a terminal: the log's lines as they arrive (its own colours kept,
     as rich's FileProxy decodes them: rich/file_proxy.py) above one live line: the file, the
     stage's state as last polled, how much has been read."""
@@ -301,16 +312,11 @@ class FollowView:
 
         self._ansi = AnsiDecoder()
 
-    def _renderable(self) -> "RenderableType":
-        from rich.spinner import Spinner
+    def text(self) -> Any:
         from rich.text import Text
 
-        text = Text.assemble(f"following {self.path}: stage {self.stage} ",
+        return Text.assemble(f"following {self.path}: stage {self.stage} ",
                              (self.state, state_style(self.state)), f", {_size(self.read)} read (Ctrl-C stops)")
-        if self._spinner is None:
-            self._spinner = Spinner("dots", style="cyan")
-        self._spinner.update(text=text)
-        return self._spinner
 
     def write(self, chunk: bytes) -> None:
         """Print the complete lines of chunk (the rest waits for its newline)."""
@@ -331,20 +337,9 @@ class FollowView:
         if rest:
             self.out.print(self._ansi.decode_line(rest), soft_wrap=True)
 
-    def __enter__(self) -> "FollowView":
-        from rich.live import Live
-
-        self._live = Live(console=self.out, get_renderable=self._renderable, refresh_per_second=4, transient=True,
-                          redirect_stdout=False, redirect_stderr=False)
-        self._live.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            self.flush()
-            self._live.stop()
-        except (OSError, ValueError):
-            pass
+    def _end(self) -> None:
+        self.flush()
+        self._live.stop()
 
 
 def _size(n: int) -> str:
