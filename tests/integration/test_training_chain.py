@@ -69,9 +69,11 @@ def slurm_env(slurm_cluster: Any, tmp_path: Path) -> dict[str, str]:
 
 
 @pytest.mark.slurm
-@pytest.mark.parametrize("layout", ["dp2", "tp2"])
-def test_whole_chain_with_a_two_node_train_stage(tmp_path: Path, slurm_env: dict[str, str], layout: str) -> None:
-    spec = gpt_spec(tmp_path, layout, nodes=2, tasks=1, tp=2 if layout == "tp2" else 1, iterations=20)
+def test_whole_chain_with_a_two_node_train_stage(tmp_path: Path, slurm_env: dict[str, str]) -> None:
+    """Two nodes x two tasks: TP=2 inside each node's pair, DP=2 across the nodes (one run covers
+    both the tensor-parallel and the data-parallel groups that srun's tasks form)."""
+    layout = "tp2dp2"
+    spec = gpt_spec(tmp_path, layout, nodes=2, tasks=2, tp=2, iterations=20)
     run_id = submitted_run_id(cli("submit", str(spec), "--executor", "slurm", env=slurm_env).stdout)
     stages = wait_for(run_id, slurm_env, all_ended, timeout=300)
     assert all(s["state"] == "COMPLETED" for s in stages.values()), stages
@@ -81,18 +83,9 @@ def test_whole_chain_with_a_two_node_train_stage(tmp_path: Path, slurm_env: dict
     assert max(curve) == 20 and curve[20] < curve[min(curve)] - 0.5, curve
     start = next(json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
                  if json.loads(line)["type"] == "start")
-    assert start["world_size"] == 2 and start["tp"] == (2 if layout == "tp2" else 1)
+    assert (start["world_size"], start["tp"], start["dp"]) == (4, 2, 2), start
     verify(tmp_path / layout / "checkpoints")
     assert "manifest written" in cli("logs", run_id, "checkpoint", env=slurm_env).stdout
-
-
-def test_pipeline_parallel_chain_with_the_local_executor(tmp_path: Path) -> None:
-    env = {"LINGJUN_STATE_DIR": str(tmp_path / "state")}
-    spec = gpt_spec(tmp_path, "pp2", tasks=2, pp=2, iterations=10, save_interval=5)
-    run_id = submitted_run_id(cli("submit", str(spec), "--executor", "local", env=env, timeout=600).stdout)
-    curve = losses(tmp_path / "pp2" / "runs" / run_id)
-    assert max(curve) == 10
-    verify(tmp_path / "pp2" / "checkpoints")
 
 
 @pytest.mark.slurm
