@@ -111,6 +111,11 @@ class TemplateCodeCache(jinja2.BytecodeCache):
 
     @classmethod
     def open(cls, directory: Path) -> "TemplateCodeCache | None":
+        state = os.environ.get("LINGJUN_STATE_DIR")
+        if state and not os.path.isdir(state):
+            # A cache never brings a state dir into being: `submit --dry-run` writes nothing
+            # (tests/integration/test_local_executor.py::test_dry_run_writes_nothing).
+            return None
         try:
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)
             st = os.lstat(directory)

@@ -186,10 +186,13 @@ def _files(directory: Path) -> dict[str, bytes]:
 
 
 def test_render_compiles_each_template_once_then_reuses_the_code(env: dict[str, str], tmp_path: Path) -> None:
-    """The first render compiles its templates into $LINGJUN_STATE_DIR/cache; the next compiles
+    """The first render compiles its templates into an existing $LINGJUN_STATE_DIR/cache; the next compiles
     none, and writes the same bytes as a render that could make no cache at all."""
     out = tmp_path / "out"
     args = ["render", str(EXAMPLE), "-o", str(out)]
+    # A state dir that does not exist yet gets no cache: a cache never creates it.
+    assert sorted(_render_counting(args, env)) and not (tmp_path / "state").exists()
+    (tmp_path / "state").mkdir()
     first = _render_counting(args, env)
     assert "train.sbatch.j2" in first and "submit.sh.j2" in first
     cold = _files(out)
