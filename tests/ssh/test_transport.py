@@ -236,7 +236,11 @@ def test_put_and_get_stream_a_large_file(t: Any, tmp_path: Path) -> None:
     assert hashlib.sha256(remote.read_bytes()).hexdigest() == digest
     assert hashlib.sha256(back.read_bytes()).hexdigest() == digest
     assert stat.S_IMODE(os.stat(remote).st_mode) == 0o750  # the local mode by default
-    assert put_peak < 4 << 20 and get_peak < 4 << 20, (put_peak, get_peak)  # streamed, never all in memory
+    # Streamed, never all 8 MiB in memory. get() asks for GET_WINDOW (2 MiB) at a time; paramiko
+    # keeps a window's replies in its prefetch buffers and in the packets not yet parsed while
+    # read() copies them out (peak seen at 4.75 MB on a loaded machine), so the bound is 6 MiB:
+    # still well under the whole file.
+    assert put_peak < 6 << 20 and get_peak < 6 << 20, (put_peak, get_peak)
     assert os.listdir(remote.parent) == ["big.bin"] and os.listdir(back.parent) == ["big.bin"]
     t.put(src, str(remote), mode=0o600)
     assert stat.S_IMODE(os.stat(remote).st_mode) == 0o600
