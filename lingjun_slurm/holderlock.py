@@ -398,8 +398,11 @@ class HolderLock:
         moved = f"{self._p}.stale.{this_host()}.{os.getpid()}.{time.monotonic_ns()}"
         if not self.files.rename(self._p, moved):
             return True
-        if read_holder(moved, self.files) != holder:
+        fresh = holder is None and (self.files.age_s(moved) or 0.0) < UNREADABLE_GRACE_S
+        if read_holder(moved, self.files) != holder or fresh:
             # A fresh holder's file took the stale one's place between our read and the rename.
+            # An unreadable one that is young is a holder that has created its file and not yet
+            # written it (the stale file was released or broken meanwhile): never removed.
             self.files.link(moved, self._p)
             self.files.unlink(moved)
             return False

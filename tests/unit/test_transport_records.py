@@ -111,8 +111,9 @@ def test_index_twenty_concurrent_adds_lose_nothing(tmp_path: Path) -> None:
 
 def test_index_resolves_ids_prefixes_and_directories(tmp_path: Path) -> None:
     index = RunIndex(tmp_path)
-    for rid in ("tiny-20261129-1", "tiny-20261129-2", "other-1"):
-        index.add(entry_for(rid, "tiny", time.time(), "local", "local", "h", f"/w/{rid}", "s"))
+    now = time.time()  # one second apart: three time.time() calls in a row may round to one value
+    for i, rid in enumerate(("tiny-20261129-1", "tiny-20261129-2", "other-1")):
+        index.add(entry_for(rid, "tiny", now + i, "local", "local", "h", f"/w/{rid}", "s"))
     assert index.resolve("other").run_id == "other-1"
     assert index.resolve("tiny-20261129-2").run_id == "tiny-20261129-2"
     assert index.resolve("tiny").run_id == "other-1"  # a name: the newest run with it
