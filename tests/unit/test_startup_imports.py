@@ -303,6 +303,13 @@ def test_presets_read_beside_the_module_else_through_importlib_resources(monkeyp
         monkeypatch.undo()
 
 
+def run_python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`python -c CODE` in a fresh interpreter from the checkout; it must exit 0."""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
 def test_the_spec_package_loads_its_parts_on_first_use(env: dict[str, str]) -> None:
     """spec/__init__.py (PEP 562 __getattr__): spec.base alone imports no model class, loader or
     YAML; the package's names still resolve, and an unknown one is an AttributeError."""
@@ -311,8 +318,7 @@ def test_the_spec_package_loads_its_parts_on_first_use(env: dict[str, str]) -> N
             "import lingjun_slurm.spec as s; from lingjun_slurm.spec import load_spec, Spec, LoadedSpec, parse_spec; "
             "assert s.Spec is Spec and Spec.__module__ == 'lingjun_slurm.spec.models'\n"
             "try:\n    s.no_such_name\nexcept AttributeError as exc:\n    print('AttributeError', exc)")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
-    assert proc.returncode == 0, proc.stderr
+    proc = run_python(code, env)
     first, second = proc.stdout.splitlines()
     assert first == "['lingjun_slurm.spec.base']"
     assert second == "AttributeError module 'lingjun_slurm.spec' has no attribute 'no_such_name'"
@@ -333,6 +339,5 @@ def test_the_plugin_loader_stand_in_hands_any_other_name_to_pydantic_s_module(en
             "assert 'importlib.metadata' not in sys.modules; "
             "print(m.PYDANTIC_ENTRY_POINT_GROUP, sys.modules['pydantic.plugin._loader'] is not m, "
             "'importlib.metadata' in sys.modules)")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
-    assert proc.returncode == 0, proc.stderr
+    proc = run_python(code, env)
     assert proc.stdout.split() == ["pydantic", "True", "True"]
