@@ -133,10 +133,13 @@ class TemplateCodeCache(jinja2.BytecodeCache):
         return self.directory / f"{bucket.key}.cache"
 
     def load_bytecode(self, bucket: "jinja2.bccache.Bucket") -> None:
+        # A damaged cache file is compiled afresh, never an error: jinja2's Bucket.load_bytecode
+        # (jinja2/bccache.py:65-82, 3.1.6) catches only marshal's errors, and its pickle.load of
+        # the checksum raises UnpicklingError, EOFError and others on garbage.
         try:
             with open(self._path(bucket), "rb") as handle:
                 bucket.load_bytecode(handle)
-        except OSError:
+        except Exception:
             bucket.reset()
 
     def dump_bytecode(self, bucket: "jinja2.bccache.Bucket") -> None:
