@@ -149,6 +149,9 @@ def _check_shards(torch: Any, iter_dir: Path) -> tuple[list[str], int, dict[str,
         except FileNotFoundError:
             problems.append(f"missing shard {rel} referenced by {TORCH_METADATA} ({items[rel]} items)")
             continue
+        except OSError as exc:  # EACCES, EIO, a stale NFS handle: unreadable is damaged here too
+            problems.append(f"cannot stat shard {rel} referenced by {TORCH_METADATA}: {exc.strerror or exc}")
+            continue
         if size < end:
             problems.append(f"file {rel} truncated: expected >= {end} bytes, found {size}")
     return problems, sum(items.values()), needed
@@ -244,8 +247,11 @@ def quick_problems(iter_dir: Path, iteration: int | str) -> list[str]:
         for rel, want in sorted(mf.expected(manifest).items()):
             try:
                 size = os.stat(iter_dir / rel).st_size
-            except OSError:
+            except FileNotFoundError:
                 problems.append(f"missing file {rel} listed in {MANIFEST}")
+                continue
+            except OSError as exc:
+                problems.append(f"cannot stat {rel} listed in {MANIFEST}: {exc.strerror or exc}")
                 continue
             if size != want.size:
                 problems.append(f"file {rel} has {size} bytes; {MANIFEST} says {want.size}")

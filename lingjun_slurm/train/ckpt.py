@@ -350,21 +350,14 @@ def _no_space(path: str, exc: BaseException) -> str | None:
     return None
 
 
-def _move_damaged(path: str) -> None:
-    """Rename a damaged iteration directory out of the way (never delete it): iter_N.damaged-<UTC>."""
-    aside = f"{path}.damaged-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
-    os.rename(path, aside)
-    log.warning("moved the damaged %s aside to %s (it is kept; delete it when no longer needed)", path, aside)
-
-
 def save(ckpt_dir: str, model: Any, optimizer: Any, scheduler: Any, settings: TrainSettings, rt: Runtime,
-         progress: Progress, padded_vocab: int, damaged: tuple[str, ...] = ()) -> tuple[str, float]:
+         progress: Progress, padded_vocab: int) -> tuple[str, float]:
     """Save iteration progress.iteration; returns (path, seconds). The tracker moves only afterwards
     (as Megatron-LM's save_checkpoint: the tracker is written in the finalize step, after the
     save, megatron/training/checkpointing.py:1074-1084 at d98e8a64).
 
-    damaged: names of iteration directories this start found damaged (resume.resume): one of them
-    in the way of this save is moved aside, not overwritten and not deleted. A save that runs out
+    A directory of this iteration that is newer than the tracker is an unfinished save (damaged
+    directories were renamed aside at the resume, resume.move_aside): it is removed. A save that runs out
     of space is one line naming the mount point; the half-written directory is left, the tracker
     still names the previous checkpoint, and the next save of that iteration replaces it."""
     from megatron.core import dist_checkpointing, parallel_state
@@ -377,8 +370,6 @@ def save(ckpt_dir: str, model: Any, optimizer: Any, scheduler: Any, settings: Tr
     path = os.path.join(ckpt_dir, iter_name(progress.iteration))
     if rt.rank == 0:
         os.makedirs(ckpt_dir, exist_ok=True)
-        if os.path.exists(path) and os.path.basename(path) in damaged:
-            _move_damaged(path)
         if os.path.exists(path):
             tracker = read_tracker(ckpt_dir)
             if tracker.iteration is None or tracker.iteration >= progress.iteration:

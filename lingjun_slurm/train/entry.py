@@ -92,10 +92,9 @@ def run(settings: TrainSettings) -> int:
     total = settings.training.iterations
     verify_mode = resume.verify_mode()
     start_iter = ckpt.latest(settings.checkpoint.dir)
-    if start_iter is not None and start_iter >= total:
-        log.info("checkpoint %s is at iteration %d of %d: nothing to train", settings.checkpoint.dir, start_iter, total)
-        return 0
-    data.check_prefix(settings.data.prefix)
+    finished = start_iter is not None and start_iter >= total
+    if not finished:
+        data.check_prefix(settings.data.prefix)
     stop_at = _stop_at()
     versions = check_versions()
     tokenizer = data.dataset_tokenizer(settings.data.tokenizer)
@@ -110,6 +109,19 @@ def run(settings: TrainSettings) -> int:
         import torch
 
         rt = runtime.start(settings, env)
+        checked: dict[int, list[str]] = {}
+        if finished:  # check the last checkpoint too: a missing or damaged one is trained again
+            assert start_iter is not None
+            problems = resume.from_rank0(rt, lambda: resume.check(settings.checkpoint.dir, start_iter, verify_mode))
+            if not problems:
+                if rt.rank == 0:
+                    resume.clear_note(settings.run_dir)
+                log.info("checkpoint %s is at iteration %d of %d (checked %s): nothing to train",
+                         settings.checkpoint.dir, start_iter, total,
+                         "with hashes" if verify_mode == "full" else "structure and sizes")
+                return 0
+            checked[start_iter] = problems
+            data.check_prefix(settings.data.prefix)
         mx = metrics.Metrics(settings.metrics_path, settings.run_id, enabled=rt.rank == 0,
                              log_interval=settings.training.log_interval)
         vocab = model.padded_vocab_size(max(tokenizer.vocab_size, settings.model.vocab_size or 0), rt.tp)
@@ -134,8 +146,8 @@ def run(settings: TrainSettings) -> int:
             outcome = resume.resume(
                 settings, rt, start_iter,
                 lambda it: ckpt.load(settings.checkpoint.dir, it, ddp, optimizer, scheduler, settings, rt, vocab),
-                mx, verify_mode)
-            tr.progress, tr.damaged = outcome.progress, outcome.damaged_names
+                mx, verify_mode, checked)
+            tr.progress = outcome.progress
             log.info("resumed from %s/iter_%07d (consumed samples %d; checked %s) in %.2f s", settings.checkpoint.dir,
                      outcome.iteration, tr.progress.consumed_train_samples,
                      "with hashes" if verify_mode == "full" else "structure and sizes", time.perf_counter() - t0)

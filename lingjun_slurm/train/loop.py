@@ -63,7 +63,6 @@ class Trainer:
     flops_per_sample: float
     peak_tflops: float | None
     progress: Progress = field(default_factory=Progress)
-    damaged: tuple[str, ...] = ()  # iteration directories found damaged at the resume (resume.resume)
 
     @property
     def num_micro(self) -> int:
@@ -228,7 +227,7 @@ def train(tr: Trainer, metrics: Any, stop_flag: StopFlag, stop_at: int | None = 
         if stop or _should_save(it, s):
             with _ParamsGathered(tr.model):
                 path, secs = ckpt.save(s.checkpoint.dir, tr.model, tr.optimizer, tr.scheduler, s, rt, tr.progress,
-                                       tr.padded_vocab, damaged=tr.damaged)
+                                       tr.padded_vocab)
             metrics.record("save", iteration=it, seconds=round(secs, 3), path=path)
             log.info("saved checkpoint %s in %.2f s", path, secs)
         if stop:

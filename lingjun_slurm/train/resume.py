@@ -23,16 +23,25 @@ verification (lingjun_slurm.checkpoint.verify.verify) instead.
 A checkpoint that fails the check, or whose load raises a read error (torch's
 "PytorchStreamReader failed ...", a truncated pickle), is damaged: the next older iteration
 directory is tried, down to the oldest. The fallback is said once on stderr, recorded in
-metrics.jsonl ("resume_fallback") and in <run_dir>/stage-notes/train.txt, which
-`lingjun-slurm status` shows in the train stage's REASON column. The damaged directories stay
-where they are and the tracker is not rewritten (Megatron-LM never rewrites it on a load; it
-writes it only after a complete save, checkpointing.py:1074-1084): the next save of that
-iteration moves the damaged directory aside to iter_NNNNNNN.damaged-<UTC time> instead of
-overwriting it (ckpt.save).
+metrics.jsonl ("resume_fallback") and in <run_dir>/stage-notes/train.txt with this job's id,
+which `lingjun-slurm status` shows in the train stage's REASON while that job is the stage's
+latest (a later start without a fallback removes it). The tracker is not rewritten (Megatron-LM
+never rewrites it on a load; it writes it only after a complete save, checkpointing.py:1074-1084).
+Right after the fallback the damaged directories newer than the one resumed are renamed to
+iter_NNNNNNN.damaged-<UTC time> (kept, never deleted): left under their names, a later job whose
+tracker is older would take one for an unfinished save and remove it (ckpt.save), and a save of
+that iteration would meet a non-empty directory (megatron-core's save refuses one).
+
+Rank 0 checks; the other ranks wait for its answer in the process group's store, with a wait of
+their own (CHECK_WAIT), not in a collective: a collective gives up after the process group's
+timeout (LINGJUN_DIST_TIMEOUT_MIN, 30 min), and hashing a checkpoint of terabytes takes longer.
 """
 
 from __future__ import annotations
 
+import datetime
+import itertools
+import json
 import logging
 import os
 import sys
@@ -49,6 +58,10 @@ VERIFY_ENV = "LINGJUN_VERIFY_CHECKPOINT"
 MODES = ("cheap", "full")
 NOTES_DIR = "stage-notes"  # <run_dir>/stage-notes/<stage>.txt: read by lingjun_slurm.status
 STAGE = "train"
+# How long the other ranks wait for rank 0's check of one checkpoint (see the module's docstring).
+# Rank 0 hosts the store (init_method tcp://, runtime.start): if it dies, the wait ends at once.
+CHECK_WAIT = datetime.timedelta(hours=24)
+_KEYS = itertools.count()  # every rank asks in the same order: the n-th question has the same key
 
 
 def verify_mode() -> str:
@@ -85,7 +98,11 @@ def check(ckpt_dir: str, iteration: int, mode: str = "cheap") -> list[str]:
             log.warning("%s has no lingjun-manifest.json: full verification had no hashes to compare "
                         "(`lingjun-slurm checkpoint verify DIR --write-manifest` writes one)", iter_dir)
         return []
-    problems = quick_problems(iter_dir, iteration)
+    try:
+        problems = quick_problems(iter_dir, iteration)
+    except OSError as exc:  # a file the checks open and cannot read (EACCES, EIO): damaged for the resume
+        where = exc.filename or iter_dir
+        return [_one_line(f"cannot read {where}: {exc.strerror or exc}")]
     return [_one_line(p) for p in problems]
 
 
@@ -104,19 +121,31 @@ class Outcome:
     iteration: int
     damaged: list[tuple[str, str]] = field(default_factory=list)  # (iter_NNNNNNN, reason), newest first
 
-    @property
-    def damaged_names(self) -> tuple[str, ...]:
-        return tuple(name for name, _ in self.damaged)
 
-
-def _broadcast(rt: Any, value: Any) -> Any:
+def from_rank0(rt: Any, compute: Any) -> Any:
+    """compute() on rank 0; its (JSON) result on every rank. The other ranks wait in the default
+    process group's store (TCPStore.wait with CHECK_WAIT, torch/distributed/distributed_c10d.py
+    _get_default_store), so a rank 0 that hashes for hours is waited for, where broadcast_object_list
+    would fail after the process group's timeout. An error on rank 0 is raised on every rank."""
     import torch.distributed as dist
 
     if rt.world_size == 1 or not dist.is_initialized():
+        return compute()
+    store = dist.distributed_c10d._get_default_store()
+    key = f"lingjun/resume/{next(_KEYS)}"
+    if rt.rank == 0:
+        try:
+            value = compute()
+        except BaseException as exc:
+            store.set(key, json.dumps({"error": _one_line(str(exc)) or type(exc).__name__}))
+            raise
+        store.set(key, json.dumps({"value": value}))
         return value
-    box = [value]
-    dist.broadcast_object_list(box, src=0, device=rt.device if rt.use_cuda else None)
-    return box[0]
+    store.wait([key], CHECK_WAIT)
+    got = json.loads(store.get(key))
+    if "error" in got:
+        raise TrainError(f"rank 0 could not check the checkpoint: {got['error']}")
+    return got["value"]
 
 
 def _any_rank(rt: Any, flag: bool) -> bool:
@@ -135,35 +164,73 @@ def fallback_line(damaged: list[tuple[str, str]], resumed: str) -> str:
     return f"checkpoint {said}; resuming from {resumed}, the newest that passes"
 
 
-def write_note(run_dir: str, text: str) -> None:
-    """<run_dir>/stage-notes/train.txt: one line, what `status` shows for the train stage."""
-    from ..checkpoint.layout import atomic_write
+def _note_path(run_dir: str) -> Path:
+    return Path(run_dir) / NOTES_DIR / f"{STAGE}.txt"
 
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+def write_note(run_dir: str, text: str) -> None:
+    """<run_dir>/stage-notes/train.txt: what `status` shows for the train stage, with the job it
+    belongs to ($SLURM_JOB_ID; the local executor sets it too), so a later job's row never shows
+    it. One JSON line: {"time", "job", "note"}."""
+    from ..atomicfile import atomic_write
+
+    record = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "job": os.environ.get("SLURM_JOB_ID", ""), "note": text}
     try:
         os.makedirs(os.path.join(run_dir, NOTES_DIR), exist_ok=True)
-        atomic_write(Path(run_dir) / NOTES_DIR / f"{STAGE}.txt", f"{stamp} {text}\n".encode())
+        atomic_write(_note_path(run_dir), (json.dumps(record) + "\n").encode())
     except OSError as exc:
         log.warning("cannot record the checkpoint fallback for `status` in %s: %s", run_dir, exc.strerror or exc)
 
 
+def clear_note(run_dir: str) -> None:
+    """A start without a fallback: an earlier job's note no longer describes the stage."""
+    try:
+        _note_path(run_dir).unlink()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.warning("cannot remove the earlier checkpoint-fallback note %s: %s", _note_path(run_dir),
+                    exc.strerror or exc)
+
+
+def move_aside(ckpt_dir: str, names: list[str]) -> None:
+    """Rename damaged iteration directories to iter_NNNNNNN.damaged-<UTC> (never delete them).
+    Rank 0 only. A rename that fails is a warning: the directory is then left where it is."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    for name in names:
+        path = Path(ckpt_dir) / name
+        if not path.is_dir():
+            continue
+        aside = path.with_name(f"{name}.damaged-{stamp}")
+        try:
+            os.rename(path, aside)
+        except OSError as exc:
+            log.warning("cannot move the damaged %s aside: %s", path, exc.strerror or exc)
+            continue
+        log.warning("moved the damaged %s aside to %s (it is kept; delete it when no longer needed)", path, aside)
+
+
 def resume(settings: Any, rt: Any, tracker_iteration: int, load: Any, metrics: Any = None,
-           mode: str = "cheap") -> Outcome:
+           mode: str = "cheap", checked: dict[int, list[str]] | None = None) -> Outcome:
     """Check, then load, the newest checkpoint that passes, from the tracker's down.
 
     load(iteration) restores that iteration (ckpt.load) and returns its Progress; it raises
     ckpt.CheckpointReadError for a damaged checkpoint (anything else is raised as it is).
     Every rank calls this; rank 0 checks the files and says what it found to the others, and a
-    load that fails on any rank sends every rank to the next candidate."""
+    load that fails on any rank sends every rank to the next candidate. checked: iterations
+    already checked (their problems), not checked again."""
     from . import ckpt
     from ..checkpoint import iter_name
 
     ckpt_dir = settings.checkpoint.dir
-    order = _broadcast(rt, candidates(ckpt_dir, tracker_iteration) if rt.rank == 0 else None)
+    order = from_rank0(rt, lambda: candidates(ckpt_dir, tracker_iteration))
     damaged: list[tuple[str, str]] = []
     for it in order:
         name = iter_name(it)
-        problems = _broadcast(rt, check(ckpt_dir, it, mode) if rt.rank == 0 else None)
+        problems = (checked or {}).get(it)
+        if problems is None:
+            problems = from_rank0(rt, lambda it=it: check(ckpt_dir, it, mode))
         if problems:
             damaged.append((name, "; ".join(problems)))
             continue
@@ -177,9 +244,12 @@ def resume(settings: Any, rt: Any, tracker_iteration: int, load: Any, metrics: A
             damaged.append((name, error or "the load failed on another rank"))
             continue
         outcome = Outcome(progress, it, damaged)
-        if damaged and rt.rank == 0:
+        if rt.rank == 0 and not damaged:
+            clear_note(settings.run_dir)
+        elif rt.rank == 0:
             line = fallback_line(damaged, name)
             print(f"lingjun-slurm: train: {line}", file=sys.stderr, flush=True)
+            move_aside(ckpt_dir, [n for n, _ in damaged])  # every rank has loaded: none reads them now
             write_note(settings.run_dir, line)
             if metrics is not None:
                 metrics.record("resume_fallback", iteration=it, resumed_from=name, tracker=iter_name(tracker_iteration),

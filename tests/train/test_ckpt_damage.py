@@ -70,27 +70,79 @@ def test_truncated_shard_falls_back_to_the_older_checkpoint(saved: Run, corpus: 
     shard = ckpt / "iter_0000004" / "__0_0.distcp"
     size = shard.stat().st_size
     _truncate(shard, size // 2)
-    proc = run_stage(_plan(tmp_path, corpus, iterations=6))
+    proc = run_stage(_plan(tmp_path, corpus, iterations=6), SLURM_JOB_ID="local-1")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     _no_traceback(proc)
     line = (f"lingjun-slurm: train: checkpoint iter_0000004 is damaged (file __0_0.distcp truncated: expected >= "
             f"{size} bytes, found {size // 2}); resuming from iter_0000002, the newest that passes")
     assert _ours(proc.stderr) == [line]
     assert "resumed from " + str(ckpt / "iter_0000002") in proc.stdout
-    # iterations 3.. again; the damaged directory was moved aside at the save of 4, never deleted
+    # iterations 3.. again; the damaged directory was moved aside at the fallback, never deleted
     assert [r["iteration"] for r in metrics(tmp_path / "runs" / "t")] == [3, 4, 5, 6]
     aside = [p for p in ckpt.iterdir() if p.name.startswith("iter_0000004.damaged-")]
     assert len(aside) == 1 and (aside[0] / "__0_0.distcp").stat().st_size == size // 2
+    assert (ckpt / "iter_0000004" / "__0_0.distcp").stat().st_size > size // 2  # saved afresh
     assert (ckpt / TRACKER).read_text().strip() == "6"
     fallback = metrics(tmp_path / "runs" / "t", "resume_fallback")
     assert fallback and fallback[0]["resumed_from"] == "iter_0000002" and fallback[0]["tracker"] == "iter_0000004"
     # what `lingjun-slurm status` shows for the train stage
-    note = (tmp_path / "runs" / "t" / "stage-notes" / "train.txt").read_text()
-    assert line.removeprefix("lingjun-slurm: train: ") in note
+    note = _note(tmp_path / "runs" / "t")
+    assert note["note"] == line.removeprefix("lingjun-slurm: train: ") and note["job"] == "local-1"
     st = status.StageStatus("train", ["local-1"], "COMPLETED", None, 0, 12, "host", 0)
     status._add_note(st, None, str(tmp_path / "runs" / "t"))
     table = status.format_table([status.RunStatus("t", "t", "local", "localhost", [st])])
     assert "resuming from iter_0000002, the newest that passes" in table and "iter_0000004 is damaged" in table
+
+
+def _note(run_dir: Path) -> dict:
+    return json.loads((run_dir / "stage-notes" / "train.txt").read_text())
+
+
+def test_a_damaged_final_checkpoint_is_trained_again(saved: Run, corpus: Path, tmp_path: Path) -> None:
+    """The tracker at the last iteration used to mean "nothing to train" without a look at that
+    checkpoint: a damaged last checkpoint then ended the stage with exit 0. It is checked, and
+    training falls back and saves it again."""
+    ckpt = _copy(saved, tmp_path)
+    shard = ckpt / "iter_0000004" / "__0_0.distcp"
+    size = shard.stat().st_size
+    _truncate(shard, 100)
+    proc = run_stage(_plan(tmp_path, corpus, iterations=4), SLURM_JOB_ID="501")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _no_traceback(proc)
+    assert _ours(proc.stderr) == [f"lingjun-slurm: train: checkpoint iter_0000004 is damaged (file __0_0.distcp "
+                                  f"truncated: expected >= {size} bytes, found 100); resuming from iter_0000002, "
+                                  "the newest that passes"]
+    assert "nothing to train" not in proc.stdout
+    assert [r["iteration"] for r in metrics(tmp_path / "runs" / "t")] == [3, 4]
+    assert (ckpt / TRACKER).read_text().strip() == "4" and (ckpt / "iter_0000004" / "__0_0.distcp").stat().st_size > 100
+    assert _note(tmp_path / "runs" / "t")["job"] == "501"
+    # the next start finds it intact: nothing to train, and the note of the fallback is gone
+    again = run_stage(_plan(tmp_path, corpus, iterations=4), SLURM_JOB_ID="502")
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "is at iteration 4 of 4 (checked structure and sizes): nothing to train" in again.stdout
+    assert _ours(again.stderr) == [] and not (tmp_path / "runs" / "t" / "stage-notes" / "train.txt").exists()
+
+
+def test_the_damaged_directory_is_moved_aside_at_the_fallback(saved: Run, corpus: Path, tmp_path: Path) -> None:
+    """Renamed right after the fallback, not when training reaches that iteration again: a job
+    that stops earlier (here at 3, the tracker then at 3) leaves iter_0000004 newer than the
+    tracker, and the next job's save of 4 took it for an unfinished save and deleted it."""
+    ckpt = _copy(saved, tmp_path)
+    shard = ckpt / "iter_0000004" / "__0_0.distcp"
+    _truncate(shard, 100)
+    first = run_stage(_plan(tmp_path, corpus, iterations=6), LINGJUN_TRAIN_STOP_AT="3", SLURM_JOB_ID="601")
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert (ckpt / TRACKER).read_text().strip() == "3"
+    aside = [p for p in ckpt.iterdir() if p.name.startswith("iter_0000004.damaged-")]
+    assert len(aside) == 1 and not (ckpt / "iter_0000004").exists()
+    assert "moved the damaged" in first.stdout + first.stderr
+    second = run_stage(_plan(tmp_path, corpus, iterations=6), SLURM_JOB_ID="602")
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    _no_traceback(second)
+    assert _ours(second.stderr) == []  # a clean resume from 3
+    assert (aside[0] / "__0_0.distcp").stat().st_size == 100  # still there, never deleted
+    assert (ckpt / TRACKER).read_text().strip() == "6"
+    assert not (tmp_path / "runs" / "t" / "stage-notes" / "train.txt").exists()  # a clean start clears it
 
 
 def test_missing_torch_metadata_is_damage(saved: Run, tmp_path: Path) -> None:
@@ -101,6 +153,27 @@ def test_missing_torch_metadata_is_damage(saved: Run, tmp_path: Path) -> None:
     (ckpt / "iter_0000004" / ".metadata").unlink()
     assert resume.check(str(ckpt), 4) == [".metadata (the torch_dist metadata) is missing"]
     assert resume.candidates(str(ckpt), 4) == [4, 2]
+
+
+def test_an_unreadable_shard_is_damage_not_a_crash(saved: Run, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """EIO/EACCES on a shard (a failing disk, a stale NFS handle; root, which runs CI, reads
+    through any mode bits, so the error is injected at stat): a problem the resume falls back
+    on, where only a missing file was one before and anything else ended the job."""
+    from lingjun_slurm.train import resume
+
+    ckpt = _copy(saved, tmp_path)
+    real_stat = Path.stat
+
+    def stat(self: Path, *args: object, **kwargs: object) -> os.stat_result:
+        if self.name == "__0_1.distcp" and self.parent.name == "iter_0000004":
+            raise OSError(errno.EIO, os.strerror(errno.EIO), str(self))
+        return real_stat(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "stat", stat)
+    assert resume.check(str(ckpt), 4) == [
+        "cannot stat shard __0_1.distcp referenced by .metadata: Input/output error"]
+    assert resume.check(str(ckpt), 2) == []
 
 
 def test_tracker_naming_a_missing_directory_falls_back(saved: Run, corpus: Path, tmp_path: Path) -> None:
