@@ -151,24 +151,50 @@ def aggregate(infos: list[JobInfo], now: float) -> tuple[str, Optional[str], Opt
     return state, reason, exit_code, (max(elapsed) if elapsed else None), (",".join(nodes) or None), restarts
 
 
-# <run_dir>/stage-notes/<stage>.txt: one line a stage leaves for status (the train stage's
-# checkpoint fallback, lingjun_slurm/train/resume.py); shown in the stage's REASON.
+# <run_dir>/stage-notes/<stage>.txt: one JSON line a stage leaves for status, {"time", "job",
+# "note"} (the train stage's checkpoint fallback, lingjun_slurm/train/resume.py write_note),
+# shown in the stage's REASON while "job" is the stage's current job.
 STAGE_NOTES = "stage-notes"
 NOTED_STAGES = ("train",)
+# Notes of stages that have ended, by (path, job): they cannot change any more, so `status --watch`
+# reads each once (over SSH one SFTP read), not on every refresh.
+_ENDED_NOTES: dict[tuple[str, str], Optional[str]] = {}
 
 
-def _add_note(st: StageStatus, t: Optional[Transport], run_dir: str) -> None:
-    if st.name not in NOTED_STAGES or not run_dir or st.state in ("NOT_SUBMITTED", "PENDING"):
-        return
+def _read_note(t: Optional[Transport], path: str, job_ids: list[str]) -> Optional[str]:
+    import json
+
     from .transport.local import LocalTransport
 
     try:
-        text = (t or LocalTransport()).read_text(f"{run_dir.rstrip('/')}/{STAGE_NOTES}/{st.name}.txt")
+        text = (t or LocalTransport()).read_text(path)
     except (OSError, LingjunError):  # the note is extra: never what makes status fail
+        return None
+    for line in reversed(text.splitlines()):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and str(record.get("job", "")) in job_ids and isinstance(record.get("note"), str):
+            return " ".join(record["note"].split()) or None
+        return None  # another job's note (an earlier run of the stage): not this one's
+    return None
+
+
+def _add_note(st: StageStatus, t: Optional[Transport], run_dir: str) -> None:
+    if st.name not in NOTED_STAGES or not run_dir or not st.job_ids or st.state in ("NOT_SUBMITTED", "PENDING"):
         return
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if lines:
-        st.reason = f"{st.reason}; {lines[-1]}" if st.reason and st.reason != "None" else lines[-1]
+    path = f"{run_dir.rstrip('/')}/{STAGE_NOTES}/{st.name}.txt"
+    key = (path, st.job_ids[-1])
+    ended = st.state not in ACTIVE and st.state != "UNKNOWN"
+    if ended and key in _ENDED_NOTES:
+        note = _ENDED_NOTES[key]
+    else:
+        note = _read_note(t, path, st.job_ids)
+        if ended:
+            _ENDED_NOTES[key] = note
+    if note:
+        st.reason = f"{st.reason}; {note}" if st.reason and st.reason != "None" else note
 
 
 def _explain_dependencies(run: RunStatus, manifest: Manifest) -> None:
