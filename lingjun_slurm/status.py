@@ -156,9 +156,10 @@ def aggregate(infos: list[JobInfo], now: float) -> tuple[str, Optional[str], Opt
 # shown in the stage's REASON while "job" is the stage's current job.
 STAGE_NOTES = "stage-notes"
 NOTED_STAGES = ("train",)
-# Notes of stages that have ended, by (path, job): they cannot change any more, so `status --watch`
-# reads each once (over SSH one SFTP read), not on every refresh.
-_ENDED_NOTES: dict[tuple[str, str], Optional[str]] = {}
+# Notes of stages that have ended, by (path, job, restarts): they cannot change any more, so
+# `status --watch` reads each once (over SSH one SFTP read), not on every refresh. A requeue keeps
+# the job id and counts a restart: its next end is read afresh.
+_ENDED_NOTES: dict[tuple[str, str, int], Optional[str]] = {}
 
 
 def _read_note(t: Optional[Transport], path: str, job_ids: list[str]) -> Optional[str]:
@@ -185,7 +186,7 @@ def _add_note(st: StageStatus, t: Optional[Transport], run_dir: str) -> None:
     if st.name not in NOTED_STAGES or not run_dir or not st.job_ids or st.state in ("NOT_SUBMITTED", "PENDING"):
         return
     path = f"{run_dir.rstrip('/')}/{STAGE_NOTES}/{st.name}.txt"
-    key = (path, st.job_ids[-1])
+    key = (path, st.job_ids[-1], st.restarts)
     ended = st.state not in ACTIVE and st.state != "UNKNOWN"
     if ended and key in _ENDED_NOTES:
         note = _ENDED_NOTES[key]

@@ -91,9 +91,8 @@ def run(settings: TrainSettings) -> int:
     setup_logging(env.rank)
     total = settings.training.iterations
     verify_mode = resume.verify_mode()
-    start_iter = ckpt.latest(settings.checkpoint.dir)
-    finished = start_iter is not None and start_iter >= total
-    if not finished:
+    seen = ckpt.latest(settings.checkpoint.dir)  # this rank's view: rank 0's decides, below
+    if seen is None or seen < total:
         data.check_prefix(settings.data.prefix)
     stop_at = _stop_at()
     versions = check_versions()
@@ -109,6 +108,12 @@ def run(settings: TrainSettings) -> int:
         import torch
 
         rt = runtime.start(settings, env)
+        # Every rank goes on from what rank 0 read: ranks that read the tracker apart (a save
+        # landing in between, a filesystem's caching) would otherwise take different paths.
+        start_iter = resume.from_rank0(rt, lambda: ckpt.latest(settings.checkpoint.dir))
+        finished = start_iter is not None and start_iter >= total
+        if not finished and seen is not None and seen >= total:
+            data.check_prefix(settings.data.prefix)
         checked: dict[int, list[str]] = {}
         if finished:  # check the last checkpoint too: a missing or damaged one is trained again
             assert start_iter is not None

@@ -29,8 +29,8 @@ latest (a later start without a fallback removes it). The tracker is not rewritt
 never rewrites it on a load; it writes it only after a complete save, checkpointing.py:1074-1084).
 Right after the fallback the damaged directories newer than the one resumed are renamed to
 iter_NNNNNNN.damaged-<UTC time> (kept, never deleted): left under their names, a later job whose
-tracker is older would take one for an unfinished save and remove it (ckpt.save), and a save of
-that iteration would meet a non-empty directory (megatron-core's save refuses one).
+tracker is older would take one for an unfinished save and remove it (ckpt.save; megatron-core
+itself would save over it with a warning, dist_checkpointing/serialization.py:383-387).
 
 Rank 0 checks; the other ranks wait for its answer in the process group's store, with a wait of
 their own (CHECK_WAIT), not in a collective: a collective gives up after the process group's
@@ -59,7 +59,8 @@ MODES = ("cheap", "full")
 NOTES_DIR = "stage-notes"  # <run_dir>/stage-notes/<stage>.txt: read by lingjun_slurm.status
 STAGE = "train"
 # How long the other ranks wait for rank 0's check of one checkpoint (see the module's docstring).
-# Rank 0 hosts the store (init_method tcp://, runtime.start): if it dies, the wait ends at once.
+# With init_method tcp:// (runtime.start) rank 0 hosts the store: if it dies, the wait ends at
+# once (the clients see EOF); under torchrun's agent store the agent ends the other workers.
 CHECK_WAIT = datetime.timedelta(hours=24)
 _KEYS = itertools.count()  # every rank asks in the same order: the n-th question has the same key
 
@@ -79,12 +80,23 @@ def _one_line(text: str) -> str:
 
 
 def check(ckpt_dir: str, iteration: int, mode: str = "cheap") -> list[str]:
-    """The problems of iteration `iteration` in ckpt_dir; [] when it passes."""
+    """The problems of iteration `iteration` in ckpt_dir; [] when it passes. A file that cannot be
+    read (EIO, EACCES: OSError from any check, in either mode) is a problem, not an error."""
+    from ..checkpoint import iter_name
+
+    iter_dir = Path(ckpt_dir) / iter_name(iteration)
+    try:
+        return _check(ckpt_dir, iter_dir, iteration, mode)
+    except OSError as exc:  # a file the checks open and cannot read (EIO, EACCES): damaged for the resume
+        where = exc.filename or iter_dir
+        return [_one_line(f"cannot read {where}: {exc.strerror or exc}")]
+
+
+def _check(ckpt_dir: str, iter_dir: Path, iteration: int, mode: str) -> list[str]:
     from ..checkpoint import iter_name
     from ..checkpoint.errors import CheckpointDamaged, CheckpointError
     from ..checkpoint.verify import quick_problems, verify
 
-    iter_dir = Path(ckpt_dir) / iter_name(iteration)
     if not iter_dir.is_dir():
         return [f"{iter_name(iteration)} does not exist in {ckpt_dir}"]
     if mode == "full":
@@ -98,12 +110,7 @@ def check(ckpt_dir: str, iteration: int, mode: str = "cheap") -> list[str]:
             log.warning("%s has no lingjun-manifest.json: full verification had no hashes to compare "
                         "(`lingjun-slurm checkpoint verify DIR --write-manifest` writes one)", iter_dir)
         return []
-    try:
-        problems = quick_problems(iter_dir, iteration)
-    except OSError as exc:  # a file the checks open and cannot read (EACCES, EIO): damaged for the resume
-        where = exc.filename or iter_dir
-        return [_one_line(f"cannot read {where}: {exc.strerror or exc}")]
-    return [_one_line(p) for p in problems]
+    return [_one_line(p) for p in quick_problems(iter_dir, iteration)]
 
 
 def candidates(ckpt_dir: str, tracker_iteration: int) -> list[int]:
@@ -126,26 +133,47 @@ def from_rank0(rt: Any, compute: Any) -> Any:
     """compute() on rank 0; its (JSON) result on every rank. The other ranks wait in the default
     process group's store (TCPStore.wait with CHECK_WAIT, torch/distributed/distributed_c10d.py
     _get_default_store), so a rank 0 that hashes for hours is waited for, where broadcast_object_list
-    would fail after the process group's timeout. An error on rank 0 is raised on every rank."""
+    would fail after the process group's timeout. An error on rank 0 is raised on every rank.
+
+    Rank 0 returns only when every other rank has read the answer (each adds 1 to a counter; the
+    last one says so), then deletes the keys: with init_method tcp:// rank 0's process is the
+    store's server (torch/distributed/rendezvous.py _create_c10d_store), and a rank 0 that went on
+    to exit ("nothing to train") took the answer with it from a rank still on its way to read it.
+    The key carries TORCHELASTIC_RESTART_COUNT: under torchrun the agent's store outlives a
+    restart of the workers, and must not answer a new attempt with an old attempt's value."""
     import torch.distributed as dist
 
     if rt.world_size == 1 or not dist.is_initialized():
         return compute()
     store = dist.distributed_c10d._get_default_store()
-    key = f"lingjun/resume/{next(_KEYS)}"
-    if rt.rank == 0:
-        try:
-            value = compute()
-        except BaseException as exc:
-            store.set(key, json.dumps({"error": _one_line(str(exc)) or type(exc).__name__}))
-            raise
-        store.set(key, json.dumps({"value": value}))
-        return value
-    store.wait([key], CHECK_WAIT)
-    got = json.loads(store.get(key))
-    if "error" in got:
-        raise TrainError(f"rank 0 could not check the checkpoint: {got['error']}")
-    return got["value"]
+    key = f"lingjun/resume/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{next(_KEYS)}"
+    if rt.rank != 0:
+        store.wait([key], CHECK_WAIT)
+        got = json.loads(store.get(key))
+        if store.add(f"{key}/read", 1) == rt.world_size - 1:
+            store.set(f"{key}/done", "1")
+        if "error" in got:
+            raise TrainError(f"rank 0 could not check the checkpoint: {got['error']}")
+        return got["value"]
+
+    def answer(record: dict[str, Any], wait: datetime.timedelta) -> None:
+        store.set(key, json.dumps(record))
+        store.wait([f"{key}/done"], wait)
+        for k in (key, f"{key}/read", f"{key}/done"):
+            store.delete_key(k)
+
+    try:
+        value = compute()
+    except BaseException as exc:
+        try:  # the others are waiting already: a minute is plenty for them to read it
+            answer({"error": _one_line(str(exc)) or type(exc).__name__}, datetime.timedelta(minutes=1))
+        except Exception:
+            pass
+        raise
+    from .runtime import dist_timeout
+
+    answer({"value": value}, dist_timeout())  # the others are waiting, or nearly there
+    return value
 
 
 def _any_rank(rt: Any, flag: bool) -> bool:
@@ -200,12 +228,12 @@ def move_aside(ckpt_dir: str, names: list[str]) -> None:
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     for name in names:
         path = Path(ckpt_dir) / name
-        if not path.is_dir():
-            continue
         aside = path.with_name(f"{name}.damaged-{stamp}")
         try:
+            if not path.is_dir():
+                continue
             os.rename(path, aside)
-        except OSError as exc:
+        except OSError as exc:  # rank 0 alone must not fail here: the others have gone on to train
             log.warning("cannot move the damaged %s aside: %s", path, exc.strerror or exc)
             continue
         log.warning("moved the damaged %s aside to %s (it is kept; delete it when no longer needed)", path, aside)

@@ -128,7 +128,7 @@ def start(settings: TrainSettings, env: DistEnv | None = None) -> Runtime:
             precision = "fp32"
     compat = cpu_compat.activate() if not use_cuda else False
 
-    timeout = datetime.timedelta(minutes=int(os.environ.get("LINGJUN_DIST_TIMEOUT_MIN", "30")))
+    timeout = dist_timeout()
     if not dist.is_initialized():
         if env.world_size == 1 and (env.master_addr is None or env.master_port is None):
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
@@ -163,6 +163,11 @@ def set_seeds(seed: int, rt: Runtime) -> None:
     np.random.seed(seed)
     torch.manual_seed(seed)
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def dist_timeout() -> datetime.timedelta:
+    """The process group's timeout: LINGJUN_DIST_TIMEOUT_MIN minutes (30)."""
+    return datetime.timedelta(minutes=int(os.environ.get("LINGJUN_DIST_TIMEOUT_MIN", "30")))
 
 
 def stop() -> None:

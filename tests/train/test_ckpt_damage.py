@@ -174,6 +174,14 @@ def test_an_unreadable_shard_is_damage_not_a_crash(saved: Run, tmp_path: Path,
     assert resume.check(str(ckpt), 4) == [
         "cannot stat shard __0_1.distcp referenced by .metadata: Input/output error"]
     assert resume.check(str(ckpt), 2) == []
+    full = resume.check(str(ckpt), 4, "full")  # hashing opens the file: the same error, a problem too
+    assert full and all("__0_1.distcp" in p and "Input/output error" in p for p in full), full
+    # the rename aside on rank 0 alone: an error there is a warning, never an exception
+    real_is_dir = Path.is_dir
+    monkeypatch.setattr(Path, "is_dir", lambda self: (_ for _ in ()).throw(OSError(errno.EACCES, "Permission denied"))
+                        if self.name == "iter_0000004" else real_is_dir(self))
+    resume.move_aside(str(ckpt), ["iter_0000004"])
+    assert (ckpt / "iter_0000004").exists()
 
 
 def test_tracker_naming_a_missing_directory_falls_back(saved: Run, corpus: Path, tmp_path: Path) -> None:
@@ -336,3 +344,18 @@ def test_dp2_ranks_agree_on_the_fallback(dp2_run: Run, corpus: Path, tmp_path: P
                                   "the newest that passes"]
     assert metrics(tmp_path / "runs" / "t")[0]["iteration"] == 21
     assert (ckpt / TRACKER).read_text().strip() == "41"
+
+
+def test_dp2_finished_run_exits_0_on_every_rank(dp2_run: Run, corpus: Path, tmp_path: Path) -> None:
+    """2 processes, the tracker at the last iteration: rank 0 reads and checks, the other rank
+    waits for its answer, and both exit 0 without building a model (the launcher returns the first
+    non-zero exit of any task)."""
+    from .conftest import LONG
+
+    _copy(dp2_run, tmp_path)
+    plan = make_plan(tmp_path, corpus, distributed_optimizer=True, **{**LONG, "iterations": 40})
+    proc = run_stage(write_plan(tmp_path, plan), ntasks=2)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _no_traceback(proc)
+    assert "is at iteration 40 of 40 (checked structure and sizes): nothing to train" in proc.stdout
+    assert "datasets:" not in proc.stdout

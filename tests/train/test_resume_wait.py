@@ -25,11 +25,15 @@ SCRIPT = textwrap.dedent("""
     rt = SimpleNamespace(rank=rank, world_size=2, use_cuda=False, device=None)
 
     def slow_check():
+        if how == "late":
+            return ["fast"]
         time.sleep(6)
         if how == "raise":
             raise OSError(5, "Input/output error")
         return ["file __0_0.distcp truncated"]
 
+    if how == "late" and rank == 1:
+        time.sleep(3)  # still on its way (a slow import, a slow node) when rank 0 has its answer
     try:
         got = resume.from_rank0(rt, slow_check)
         print(f"rank {rank} got {got}", flush=True)
@@ -58,3 +62,9 @@ def test_an_error_on_rank_0_reaches_the_others() -> None:
     assert _run("raise") == ["rank 0 error OSError: [Errno 5] Input/output error",
                              "rank 1 error TrainError: rank 0 could not check the checkpoint: [Errno 5] Input/output "
                              "error"]
+
+
+def test_rank_0_waits_until_every_rank_has_read_the_answer() -> None:
+    """Rank 0's process is the store's server: a rank 0 that answered and exited at once (the
+    finished-run path: "nothing to train") left a later rank with "Failed to recv, got 0 bytes"."""
+    assert _run("late") == ["rank 0 got ['fast']", "rank 1 got ['fast']"]

@@ -80,3 +80,17 @@ def test_an_ended_stage_is_read_once_a_running_one_every_time(tmp_path: Path, mo
     st = _stage("9", "PENDING")
     status._add_note(st, t, str(tmp_path))
     assert t.reads == 4 and st.reason is None
+
+
+def test_a_requeued_job_is_read_again_when_it_ends_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A requeue keeps the job id: the cache of ended notes is per restart too."""
+    monkeypatch.setenv("SLURM_JOB_ID", "9")
+    resume.write_note(str(tmp_path), LINE)
+    t = CountingTransport()
+    st = _stage("9", "FAILED")
+    status._add_note(st, t, str(tmp_path))
+    assert st.reason == LINE
+    resume.clear_note(str(tmp_path))  # the requeued attempt resumed cleanly
+    again = status.StageStatus("train", ["9"], "COMPLETED", None, 0, 12, "host", 1)
+    status._add_note(again, t, str(tmp_path))
+    assert again.reason is None and t.reads == 2
