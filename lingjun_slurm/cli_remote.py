@@ -17,7 +17,7 @@ import click
 from .errors import UsageError
 
 if TYPE_CHECKING:
-    from .clusters import Destination
+    from .destination import Destination
     from .runs.index import IndexEntry
     from .runs.manifest import Manifest
     from .transport.base import Transport
@@ -43,7 +43,7 @@ def remote_options(fn: F) -> F:
 
 
 def destination(host: Optional[str], cluster: Optional[str], accept_new_host_key: bool) -> "Destination":
-    from .clusters import destination as resolve
+    from .destination import destination as resolve
 
     return resolve(host, cluster, accept_new_host_key)
 

@@ -291,7 +291,7 @@ def _reconcile(run: "RunStatus", m: "Manifest", as_of: float) -> None:
 def _print_status(refs: list[str], as_json: bool, conns: Optional[Connections] = None,
                   verbose: bool = False) -> list["RunStatus"]:
     from . import ui
-    from .clusters import Destination
+    from .destination import Destination
     from .status import document, format_table
 
     own = conns is None
@@ -620,7 +620,7 @@ def list_runs(as_json: bool, limit: int, host: Optional[str], cluster: Optional[
     if host or cluster:
         target = host or ""
         if host:
-            from .clusters import check_target
+            from .destination import check_target
             check_target(host)
         elif cluster:
             from .clusters import get_cluster

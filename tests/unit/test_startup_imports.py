@@ -111,6 +111,9 @@ def test_status_of_a_finished_local_run_builds_no_spec_models(env: dict[str, str
     # spec model classes, no spec loader, no YAML
     assert [m for m in got["modules"] if m.startswith("lingjun_slurm.spec.") and m != "lingjun_slurm.spec.base"] == []
     assert loaded(got, ("yaml",)) == []
+    # manifests are read by runs/manifest.py's strict reader and no cluster is named: no pydantic
+    # (cli.py's stand-in for pydantic.plugin._loader is no pydantic)
+    assert loaded(got, ("pydantic", "pydantic_core", "lingjun_slurm.clusters")) == ["pydantic.plugin._loader"]
     # transport/local.py uses shutil and atomicfile.py tempfile: those are status's own
     assert [m for m in NOT_AT_START if m in got["modules"] and m not in ("tempfile", "shutil")] == []
 
