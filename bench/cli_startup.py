@@ -10,8 +10,9 @@ finished run of examples/command-chain.yaml that the bench first runs with the l
 (its workdir and $LINGJUN_STATE_DIR in a temporary directory), so it reads a real manifest and
 calls no Slurm command. `render` runs with the template cache of that state dir, filled by the
 warm-up round; "render, no template cache" with none (every template compiled). The "floor"
-row imports only click, yaml and pydantic's BaseModel and Field, which the commands cannot do
-without: what is left above it is this project's own start-up.
+row imports only click, yaml and pydantic's BaseModel and Field, which validate and render cannot
+do without, and the "render floor" row jinja2 as well: what is left above them is this
+project's own start-up. status imports none of them but click.
 
 Byte code: an installed package has up-to-date .pyc files. A checkout under edit with
 PYTHONDONTWRITEBYTECODE=1 (as in this project's sandbox) has stale ones, and every run would
@@ -41,10 +42,11 @@ CHAIN_WORKDIR = "/tmp/lingjun-slurm/command-chain"
 
 # argv, the directory it runs in (`-m` imports the package from there), and variables to set
 Case = tuple[list[str], Path, dict[str, str]]
-# What every one of validate, render and status imports before any code of this project runs:
-# click (the command line) and pydantic's BaseModel and Field (the spec and manifest models);
-# validate and render also yaml. No lingjun_slurm module is imported.
+# What validate and render import before any code of this project runs: click (the command
+# line), yaml (the spec) and pydantic's BaseModel and Field (the spec models); render also jinja2
+# (the templates). No lingjun_slurm module is imported. status imports click alone of these.
 FLOOR = "import click, yaml; from pydantic import BaseModel, Field"
+RENDER_FLOOR = FLOOR + "; import jinja2"
 
 
 def run_once(case: Case, env: dict[str, str]) -> tuple[float, float]:
@@ -112,6 +114,7 @@ def main() -> None:
         cases: dict[str, Case] = {
             "python -c pass (reference)": ([sys.executable, "-c", "pass"], REPO, {}),
             "floor: click+yaml+pydantic": ([sys.executable, "-c", FLOOR], REPO, {}),
+            "render floor: + jinja2": ([sys.executable, "-c", RENDER_FLOOR], REPO, {}),
             "lingjun-slurm --help": (cli + ["--help"], REPO, {}),
         }
         for where, label in [(REPO, "")] + ([(opts.against.resolve(), " (against)")] if opts.against else []):
