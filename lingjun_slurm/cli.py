@@ -50,6 +50,7 @@ LAZY_COMMANDS = {
     "health": "cli_health:health",
     "image": "cli_image:image",
     "nccl-test": "cli_nccltest:nccl_test",
+    "plan": "cli_plan:plan",
 }
 
 
@@ -112,6 +113,12 @@ def validate(spec_file: Path) -> None:
     plan = build_plan(loaded.spec, spec_sha256=loaded.sha256, source=loaded.source)
     names = " -> ".join(st.name for st in plan.stages)
     click.echo(f"{spec_file}: valid; stages: {names}")
+    if loaded.spec.planning.gpu or any(st.network is not None for st in plan.stages):
+        from .cli_plan import fit_warning
+
+        warned = fit_warning(loaded.spec, plan, str(spec_file))
+        if warned:
+            click.echo(f"warning: {warned[0]}", err=True)
 
 
 def check_run_id(run_id: Optional[str]) -> None:

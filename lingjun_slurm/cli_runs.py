@@ -12,7 +12,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import click
 
@@ -42,6 +42,20 @@ def _pick_executor(choice: str, remote: bool) -> str:
     return "slurm" if LocalTransport().which("sbatch") else "local"
 
 
+def _check_fit(loaded: Any, plan: Any, spec_file: Path, refuse: bool) -> None:
+    """A train stage that cannot fit its GPU: refused (exit 2) when every input of the estimate is
+    known, else a warning; --force and --dry-run only warn (docs/planning.md)."""
+    from .cli_plan import PlanInputError, fit_warning
+
+    warned = fit_warning(loaded.spec, plan, str(spec_file))
+    if warned is None:
+        return
+    message, certain = warned
+    if certain and refuse:
+        raise PlanInputError(f"{message}; nothing submitted (--force submits anyway)")
+    click.echo(f"warning: {message}", err=True)
+
+
 @click.command(epilog=EXIT_CODES)
 @click.argument("spec_file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--executor", type=click.Choice(EXECUTORS), default="auto", show_default=True,
@@ -51,7 +65,8 @@ def _pick_executor(choice: str, remote: bool) -> str:
 @click.option("--dry-run", is_flag=True, help="Print what would be submitted; write and submit nothing.")
 @click.option("--detach", is_flag=True, help="Local executor: run in the background (status/logs/cancel follow it).")
 @click.option("--force", is_flag=True, help="Break a workdir lock whose holder cannot be checked from here (another "
-                                            "host's submit, Slurm unreachable); never one whose holder is alive.")
+                                            "host's submit, Slurm unreachable), never one whose holder is alive; "
+                                            "and submit a train stage that `plan` says does not fit its GPU.")
 @remote_options
 def submit(spec_file: Path, executor: str, run_id: Optional[str], dry_run: bool, detach: bool, force: bool,
            host: Optional[str], cluster: Optional[str], accept_new_host_key: bool) -> None:
@@ -76,6 +91,7 @@ def submit(spec_file: Path, executor: str, run_id: Optional[str], dry_run: bool,
         raise UsageError("--detach is for the local executor (Slurm jobs already run in the background)")
     prep = prepare(loaded, run_id=run_id or new_run_id(loaded.spec.run.name), executor=chosen,
                    defaults=DefaultsRecord(cluster=dest.cluster, applied=applied))
+    _check_fit(loaded, prep.plan, spec_file, refuse=not (dry_run or force))
     if dry_run:
         click.echo("\n".join(dry_run_lines(prep)))
         if dest.remote:

@@ -439,6 +439,33 @@ class TrainingSpec(SpecModel):
     )
 
 
+class PlanningSpec(SpecModel):
+    """What `lingjun-slurm plan` cannot read from the rest of the spec (docs/planning.md)."""
+
+    gpu: Optional[Literal["A100-40GB", "A100-80GB", "H100-80GB", "H200-141GB"]] = Field(
+        default=None,
+        description="GPU of the train nodes; default: the network profile's (azure-nd-h100-v5, azure-nd-h200-v5), "
+                    "else unknown (Lingjun instance types and azure-nd-a100-v4 do not say which).",
+    )
+    margin: float = Field(default=0.10, ge=0, lt=1,
+                          description="Share of GPU memory kept free for the CUDA context, NCCL buffers, "
+                                      "the allocator's fragmentation and temporary buffers.")
+    mfu: float = Field(default=0.40, gt=0, le=1,
+                       description="Model FLOPs utilisation assumed for the time estimates (measured: "
+                                   "metrics.jsonl's mfu).")
+    storage_gbps: float = Field(default=5.0, gt=0, le=10000,
+                                description="Write bandwidth of the checkpoint directory, GB/s, for the save time.")
+    attention: Optional[Literal["local", "flash"]] = Field(
+        default=None,
+        description="Attention kernels: flash (TransformerEngine fused / flash-attention) or local (megatron-core's "
+                    "unfused, keeps the s x s scores); default: flash when transformer_engine, else local.",
+    )
+    transformer_engine: Optional[bool] = Field(
+        default=None, description="Whether the image has TransformerEngine; default: unknown (flash assumed).")
+    vocab_size: Optional[int] = Field(default=None, ge=2, le=DIM_MAX,
+                                      description="Tokenizer vocabulary when plan cannot read the tokenizer here.")
+
+
 class CheckpointSpec(SpecModel):
     dir: Optional[AbsPath] = Field(default=None, description="Checkpoint directory. Default: <workdir>/checkpoints.")
     save_interval: int = Field(default=1000, ge=1, le=COUNT_MAX)
@@ -504,4 +531,6 @@ class Spec(SpecModel):
     parallelism: ParallelismSpec = Field(default_factory=ParallelismSpec, description="TP/PP/CP, batch sizes; DP is derived.")
     training: TrainingSpec = Field(default_factory=TrainingSpec, description="Entrypoint, schedule, precision, restarts.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Saving, verification, retention, copy.")
+    planning: PlanningSpec = Field(default_factory=PlanningSpec,
+                                   description="Inputs of the memory and time estimate (lingjun-slurm plan).")
     stages: StagesSpec = Field(default_factory=StagesSpec, description="Skip built-in stages, add command stages.")

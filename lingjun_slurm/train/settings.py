@@ -24,7 +24,7 @@ class ModelSettings:
     ffn_hidden_size: int
     seq_length: int
     max_position_embeddings: int
-    vocab_size: int | None
+    vocab_size: int | None = None  # the tokenizer decides (train/data.py); set only for the null tokenizer
     normalization: str = "LayerNorm"
     activation: str = "gelu"
     position_embedding: str = "learned_absolute"
@@ -99,6 +99,7 @@ class TrainSettings:
     checkpoint: CheckpointSettings
     data: DataSettings
     megatron_version: str | None = None  # plan settings.megatron_lm.version: the checkpoint conventions to follow
+    gpus_per_node: int = 0  # what the train stage asked for: GPUs there and no CUDA here is an error, not the CPU
 
     @property
     def metrics_path(self) -> str:
@@ -148,6 +149,15 @@ def _megatron_version(raw: Any) -> str | None:
     return None
 
 
+def _train_gpus(plan: dict[str, Any]) -> int:
+    """GPUs per node the plan's train stage asks Slurm for (0: a CPU run, as the local executor's)."""
+    for st in plan.get("stages") or []:
+        if isinstance(st, dict) and st.get("kind") == "train":
+            value = (st.get("resources") or {}).get("gpus_per_node")
+            return int(value) if isinstance(value, int) and not isinstance(value, bool) else 0
+    return 0
+
+
 def from_plan(plan: dict[str, Any]) -> TrainSettings:
     """The trainer's view of a plan; TrainError names the missing or inconsistent field."""
     try:
@@ -180,6 +190,7 @@ def from_plan(plan: dict[str, Any]) -> TrainSettings:
         data=DataSettings(prefix=str(prefix), split=str(data.get("split") or "969,30,1"),
                           tokenizer=dict(data.get("tokenizer") or {})),
         megatron_version=_megatron_version(s.get("megatron_lm")),
+        gpus_per_node=_train_gpus(plan),
     )
     if settings.checkpoint.format != "torch_dist":
         raise TrainError(f"checkpoint.format {settings.checkpoint.format!r}: the builtin trainer writes torch_dist")

@@ -1,0 +1,379 @@
+"""`lingjun-slurm plan`: the train stage's memory per GPU, time and size, from the rendered plan.
+
+Pure: the plan (lingjun_slurm.plan.build_plan) and the spec's `planning` section in, numbers out;
+no torch. The model as the trainer will build it comes from the same resolution the train stage
+runs (lingjun_slurm.train.settings.from_plan), so presets, defaults and derived sizes are the
+trainer's own. Memory: planner/memory.py. FLOPs: Megatron-LM's num_floating_point_operations
+(train/metrics.py flops_per_sample, what the trainer's MFU uses).
+
+Every input the estimate depends on is in `inputs` with where it came from; one that could not
+be known here is in `unknown`, and then `fits` is only as certain as it says (memory.fits is null
+when the GPU is unknown). docs/planning.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Optional
+
+from ..gpus import GPU, GPUS, PROFILE_GPUS
+from .memory import Breakdown, Layout, PlanError, Recompute, Shape, estimate
+
+GB = 10 ** 9
+
+
+@dataclass(frozen=True)
+class Inputs:
+    shape: Shape
+    layout: Layout
+    recompute: Recompute
+    precision: str
+    attention: str
+    gpu: Optional[GPU]
+    world_size: int
+    gpus_per_node: int
+    iterations: int
+    global_batch: int
+    margin: float
+    mfu: float
+    storage_gbps: float
+    said: dict[str, Any] = field(default_factory=dict)  # input -> {"value", "source"}
+    unknown: tuple[str, ...] = ()
+    cpu: bool = False  # no GPUs: the CPU's kernels (memory.py cpu=True), host memory
+
+
+@dataclass(frozen=True)
+class Estimate:
+    inputs: Inputs
+    memory: Breakdown
+    recommendation: Optional[dict[str, Any]]
+    flops_per_iteration: float
+    tokens_per_iteration: int
+    checkpoint_bytes: int
+
+    @property
+    def usable_bytes(self) -> Optional[int]:
+        gpu = self.inputs.gpu
+        return None if gpu is None else int(gpu.memory_bytes * (1 - self.inputs.margin))
+
+    @property
+    def fits(self) -> Optional[bool]:
+        usable = self.usable_bytes
+        return None if usable is None else self.memory.total <= usable
+
+    @property
+    def certain(self) -> bool:
+        """Every input known: what `submit` may refuse on."""
+        return not self.inputs.unknown and self.inputs.gpu is not None
+
+    def seconds_per_iteration(self) -> Optional[float]:
+        gpu = self.inputs.gpu
+        if gpu is None:
+            return None
+        return self.flops_per_iteration / (self.inputs.world_size * gpu.peak_bf16_tflops * 1e12 * self.inputs.mfu)
+
+    def to_json(self) -> dict[str, Any]:
+        i, m = self.inputs, self.memory
+        step = self.seconds_per_iteration()
+        hours = None if step is None else step * i.iterations / 3600
+        return {
+            "schema": 1,
+            "inputs": i.said,
+            "unknown": list(i.unknown),
+            "memory": {
+                "per_gpu_bytes": m.per_gpu_bytes(),
+                "gpu_bytes": i.gpu.memory_bytes if i.gpu else None,
+                "usable_bytes": self.usable_bytes,
+                "margin": i.margin,
+                "fits": self.fits,
+                "stage": m.stage,
+                "parameters_on_gpu": m.parameters,
+                "activation_terms": dict(m.activation_terms),
+            },
+            "recommendation": self.recommendation,
+            "throughput": {
+                "flops_per_iteration": self.flops_per_iteration,
+                "tokens_per_iteration": self.tokens_per_iteration,
+                "mfu": i.mfu,
+                "seconds_per_iteration": step,
+                "tokens_per_second": None if step is None else self.tokens_per_iteration / step,
+                "hours_to_iterations": hours,
+                "gpu_hours": None if hours is None else hours * i.world_size,
+            },
+            "checkpoint": {
+                "bytes": self.checkpoint_bytes,
+                "storage_gbps": i.storage_gbps,
+                "seconds_per_save": self.checkpoint_bytes / (i.storage_gbps * GB),
+            },
+        }
+
+
+def _vocab(settings: Any, planning: Any) -> tuple[Optional[int], str]:
+    """The tokenizer's vocabulary, as the trainer will find it (train/data.py dataset_tokenizer)."""
+    if planning.vocab_size:
+        return planning.vocab_size, "planning.vocab_size"
+    from ..data import DataError
+    from ..data.tokenizer import TokenizerSpec, build
+
+    try:
+        tok = build(TokenizerSpec.from_settings(settings.data.tokenizer), need_eod=False)
+    except (DataError, OSError, ValueError) as exc:
+        return None, f"the tokenizer cannot be read here ({' '.join(str(exc).split())[:160]})"
+    return int(tok.vocab_size), f"the {tok.spec.type} tokenizer"
+
+
+def inputs(plan: Any, planning: Any) -> Inputs:
+    """The estimate's inputs from a Plan (build_plan) and the spec's PlanningSpec."""
+    from ..train.model import padded_vocab_size
+    from ..train.settings import from_plan
+
+    train = next((st for st in plan.stages if st.kind == "train"), None)
+    if train is None:
+        raise PlanError("the spec has no train stage: nothing to plan")
+    settings = from_plan(plan.to_json())
+    res = train.resources
+    world = res.nodes * res.tasks_per_node
+    m, p, t = settings.model, settings.parallel, settings.training
+    said: dict[str, Any] = {}
+    unknown: list[str] = []
+
+    def say(name: str, value: Any, source: str) -> None:
+        said[name] = {"value": value, "source": source}
+
+    vocab, vsource = _vocab(settings, planning)
+    if vocab is None:
+        vocab = 128256 if m.vocab_size is None else m.vocab_size
+        unknown.append("vocab_size")
+        vsource += f"; assumed {vocab} (set planning.vocab_size)"
+    vocab = max(vocab, m.vocab_size or 0)
+    padded = padded_vocab_size(vocab, p.tensor)
+    say("vocab_size", vocab, vsource)
+    say("padded_vocab_size", padded, "Megatron-LM's padding to a multiple of 128 x TP")
+    shape = Shape(num_layers=m.num_layers, hidden_size=m.hidden_size, num_attention_heads=m.num_attention_heads,
+                  ffn_hidden_size=m.ffn_hidden_size, seq_length=m.seq_length, padded_vocab_size=padded,
+                  num_query_groups=m.num_query_groups, swiglu=m.activation == "swiglu",
+                  untie_embeddings=m.untie_embeddings, bias_linear=m.bias_linear, normalization=m.normalization,
+                  learned_position_embeddings=m.position_embedding == "learned_absolute",
+                  max_position_embeddings=m.max_position_embeddings, hidden_dropout=m.hidden_dropout,
+                  attention_dropout=m.attention_dropout)
+    model_parallel = p.tensor * p.pipeline * p.context
+    if world % model_parallel:
+        raise PlanError(f"tensor {p.tensor} x pipeline {p.pipeline} x context {p.context} does not divide the "
+                        f"train stage's {world} GPUs")
+    dp = world // model_parallel
+    if p.global_batch % (p.micro_batch * dp):
+        raise PlanError(f"global_batch {p.global_batch} is not a multiple of micro_batch {p.micro_batch} x data "
+                        f"parallel {dp}")
+    layout = Layout(tensor=p.tensor, pipeline=p.pipeline, context=p.context, data=dp,
+                    sequence_parallel=p.sequence_parallel, micro_batch=p.micro_batch,
+                    num_microbatches=p.global_batch // (p.micro_batch * dp),
+                    distributed_optimizer=p.distributed_optimizer)
+    say("world_size", world, f"train stage: {res.nodes} nodes x {res.tasks_per_node} tasks")
+    say("data_parallel", dp, "world / (tensor x pipeline x context)")
+    say("num_microbatches", layout.num_microbatches, "global_batch / (micro_batch x data parallel)")
+    recompute = Recompute(t.recompute.granularity, t.recompute.method, t.recompute.num_layers)
+    say("recompute", {"granularity": recompute.granularity, "method": recompute.method,
+                      "num_layers": recompute.num_layers}, "training.recompute")
+    say("precision", t.precision, "training.precision")
+
+    te = planning.transformer_engine
+    cpu = not res.gpus_per_node and not planning.gpu
+    if cpu:
+        attention, asource = "local", "no GPUs in the train stage: megatron-core's local attention on the CPU"
+    elif planning.attention:
+        attention, asource = planning.attention, "planning.attention"
+    elif te is False:
+        attention, asource = "local", "planning.transformer_engine: false"
+    else:
+        attention = "flash"
+        asource = "planning.transformer_engine: true" if te else "assumed: TransformerEngine's fused attention"
+        if te is None:
+            unknown.append("transformer_engine")
+    if cpu:
+        te = None
+    say("attention", attention, asource)
+    say("transformer_engine", te, "planning.transformer_engine" if te is not None else "unknown")
+
+    profile = _profile(plan)
+    gpu_name = planning.gpu or PROFILE_GPUS.get(profile or "")
+    gpu = GPUS.get(gpu_name) if gpu_name else None
+    gsource = ("planning.gpu" if planning.gpu else f"network profile {profile}") if gpu else \
+        f"unknown: network profile {profile or 'none'} does not name one GPU (set planning.gpu)"
+    if cpu:
+        gsource = "none: the train stage asks for no GPUs (it runs on the CPU)"
+    elif gpu is None:
+        unknown.append("gpu")
+    say("gpu", gpu.name if gpu else None, gsource)
+    if gpu:
+        say("gpu_memory_mib", gpu.memory_mib, gpu.memory_source)
+        say("peak_bf16_tflops", gpu.peak_bf16_tflops, gpu.peak_source)
+    say("margin", planning.margin, "planning.margin")
+    say("mfu", planning.mfu, "planning.mfu (assumed)")
+    say("storage_gbps", planning.storage_gbps, "planning.storage_gbps (assumed)")
+    return Inputs(shape=shape, layout=layout, recompute=recompute, precision=t.precision, attention=attention,
+                  gpu=gpu, world_size=world, gpus_per_node=res.gpus_per_node or res.tasks_per_node,
+                  iterations=t.iterations, global_batch=p.global_batch, margin=planning.margin, mfu=planning.mfu,
+                  storage_gbps=planning.storage_gbps, said=said, unknown=tuple(unknown), cpu=cpu)
+
+
+def _profile(plan: Any) -> Optional[str]:
+    train = next((st for st in plan.stages if st.kind == "train"), None)
+    net = getattr(train, "network", None)
+    return getattr(net, "profile", None) if net is not None else None
+
+
+def _memory(i: Inputs, recompute: Recompute, layout: Optional[Layout] = None) -> Breakdown:
+    return estimate(i.shape, layout or i.layout, recompute, i.precision, i.attention, cpu=i.cpu)
+
+
+def recommend(i: Inputs, current: Breakdown) -> Optional[dict[str, Any]]:
+    """None when the plan fits (or the GPU is unknown); else the fewest fully recomputed layers per
+    pipeline stage (method block: the first N layers of each stage keep only their input) that
+    fit, else the smallest tensor / pipeline change (the GPU count stays, data parallel shrinks)
+    that fits, with or without recompute."""
+    if i.gpu is None:
+        return None
+    usable = int(i.gpu.memory_bytes * (1 - i.margin))
+    if current.total <= usable:
+        return None
+    layers = i.shape.num_layers // i.layout.pipeline
+    for n in range(1, layers + 1):
+        rc = Recompute("full", "block", n)
+        got = _memory(i, rc)
+        if got.total <= usable:
+            return _advice(rc, i.layout, got, usable,
+                           f"needs {_gib(current.total)} of {_gib(usable)} usable; full recompute of {n} of "
+                           f"{layers} layers per pipeline stage brings it to {_gib(got.total)}")
+    for tp, pp in _layouts(i):
+        layout = _relayout(i, tp, pp)
+        if layout is None:
+            continue
+        for rc in (i.recompute, *(Recompute("full", "block", n) for n in range(1, i.shape.num_layers // pp + 1))):
+            got = _memory(i, rc, layout)
+            if got.total <= usable:
+                return _advice(rc, layout, got, usable,
+                               f"needs {_gib(current.total)} of {_gib(usable)} usable; recompute alone is not "
+                               f"enough: tensor {tp} x pipeline {pp} brings it to {_gib(got.total)}")
+    return {"recompute": None, "tensor": None, "pipeline": None,
+            "reason": f"needs {_gib(current.total)} of {_gib(usable)} usable; no recompute, tensor or pipeline "
+                      f"size on {i.world_size} GPUs fits: more GPUs, a smaller micro_batch or seq_length"}
+
+
+def _layouts(i: Inputs) -> list[tuple[int, int]]:
+    """(tensor, pipeline) candidates in order of how much they change: the product, then TP first
+    (TP stays inside a node: at most gpus_per_node)."""
+    out = []
+    for tp in (1, 2, 4, 8, 16):
+        for pp in range(1, i.shape.num_layers + 1):
+            if (tp, pp) == (i.layout.tensor, i.layout.pipeline) or tp > max(i.gpus_per_node, 1):
+                continue
+            if tp * pp * i.layout.context > i.world_size:
+                continue
+            out.append((tp, pp))
+    return sorted(out, key=lambda c: (c[0] * c[1], c[1], c[0]))
+
+
+def _relayout(i: Inputs, tp: int, pp: int) -> Optional[Layout]:
+    mp = tp * pp * i.layout.context
+    if i.world_size % mp or i.shape.num_layers % pp or i.shape.num_attention_heads % tp:
+        return None
+    if i.shape.groups % tp and tp % i.shape.groups:
+        return None
+    dp = i.world_size // mp
+    if i.global_batch % (i.layout.micro_batch * dp):
+        return None
+    return replace(i.layout, tensor=tp, pipeline=pp, data=dp, sequence_parallel=tp > 1 and i.layout.sequence_parallel,
+                   num_microbatches=i.global_batch // (i.layout.micro_batch * dp))
+
+
+def _advice(rc: Recompute, layout: Layout, got: Breakdown, usable: int, reason: str) -> dict[str, Any]:
+    return {"recompute": {"granularity": rc.granularity, "method": rc.method, "num_layers": rc.num_layers},
+            "tensor": layout.tensor, "pipeline": layout.pipeline, "reason": reason,
+            "per_gpu_bytes": got.per_gpu_bytes()["total"]}
+
+
+def _gib(n: float) -> str:
+    """Bytes in GiB, or MiB / KiB when smaller (the tiny models)."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def make(plan: Any, planning: Any) -> Estimate:
+    """The estimate for a Plan and the spec's planning section (PlanError: a layout that cannot work)."""
+    from ..train.metrics import flops_per_sample
+
+    i = inputs(plan, planning)
+    got = _memory(i, i.recompute)
+    settings_model = _model_settings(plan)
+    flops = flops_per_sample(settings_model, i.shape.padded_vocab_size) * i.global_batch
+    params = _total_parameters(i)
+    state = 12 if i.precision != "fp32" else 8
+    return Estimate(inputs=i, memory=got, recommendation=recommend(i, got), flops_per_iteration=flops,
+                    tokens_per_iteration=i.global_batch * i.shape.seq_length,
+                    checkpoint_bytes=params * ({"bf16": 2, "fp16": 2, "fp32": 4}[i.precision] + state))
+
+
+def _model_settings(plan: Any) -> Any:
+    from ..train.settings import from_plan
+
+    return from_plan(plan.to_json()).model
+
+
+def _total_parameters(i: Inputs) -> int:
+    """All parameters of the model once (what a checkpoint holds): every stage at TP = 1."""
+    from .memory import stage_parameters
+
+    one = Layout(pipeline=i.layout.pipeline)
+    total = sum(stage_parameters(i.shape, one, s) for s in range(i.layout.pipeline))
+    if not i.shape.untie_embeddings and i.layout.pipeline > 1:
+        total -= i.shape.padded_vocab_size * i.shape.hidden_size  # the last stage's copy is the same weight
+    return total
+
+
+def format_text(e: Estimate) -> str:
+    """The breakdown a person reads (plan without --json)."""
+    i, m = e.inputs, e.memory
+    lines = [f"GPU memory per rank (pipeline stage {m.stage}, the most loaded; {m.parameters:,} parameters on it):"]
+    for key in ("weights", "gradients", "optimizer", "activations"):
+        lines.append(f"  {key:<12} {_gib(getattr(m, key)):>12}")
+    lines.append(f"  {'total':<12} {_gib(m.total):>12}")
+    if i.gpu is None and "gpu" not in i.unknown:
+        lines.append("  no GPU: the train stage runs on the CPU (host memory; fits: not applicable)")
+    elif i.gpu is None:
+        lines.append("  GPU unknown: set planning.gpu to compare (fits: unknown)")
+    else:
+        usable = e.usable_bytes or 0
+        verdict = "fits" if e.fits else "does NOT fit"
+        lines.append(f"  {i.gpu.name}: {_gib(i.gpu.memory_bytes)}, {_gib(usable)} usable with a {i.margin:.0%} margin: "
+                     f"{verdict}")
+    terms = ", ".join(f"{k} {_gib(v)}" for k, v in m.activation_terms.items())
+    lines.append(f"  activations: {terms} ({i.attention} attention, recompute {i.recompute.granularity or 'none'})")
+    lay = i.layout
+    lines.append(f"layout: world {i.world_size} = TP {lay.tensor} x PP {lay.pipeline} x CP {lay.context} x "
+                 f"DP {lay.data}; micro_batch {lay.micro_batch} x {lay.num_microbatches} micro-batches; "
+                 f"{i.precision}{', distributed optimizer' if lay.distributed_optimizer else ''}"
+                 f"{', sequence parallel' if lay.sequence_parallel else ''}")
+    step = e.seconds_per_iteration()
+    lines.append(f"per iteration: {e.flops_per_iteration:.3e} FLOPs, {e.tokens_per_iteration:,} tokens"
+                 + ("" if step is None else f"; {step:.2f} s at MFU {i.mfu:.0%} ({e.tokens_per_iteration / step:,.0f} "
+                                            f"tokens/s); {step * i.iterations / 3600:,.1f} h and "
+                                            f"{step * i.iterations / 3600 * i.world_size:,.0f} GPU-hours to "
+                                            f"{i.iterations:,} iterations"))
+    save = e.checkpoint_bytes / (i.storage_gbps * GB)
+    lines.append(f"checkpoint: {_gib(e.checkpoint_bytes)}; one save {save:,.1f} s at {i.storage_gbps:g} GB/s")
+    if e.recommendation:
+        r = e.recommendation
+        rc = r["recompute"]
+        what = []
+        if rc:
+            what.append(f"training.recompute: {{granularity: {rc['granularity']}, method: {rc['method']}, "
+                        f"num_layers: {rc['num_layers']}}}")
+        if r["tensor"] is not None and (r["tensor"], r["pipeline"]) != (lay.tensor, lay.pipeline):
+            what.append(f"parallelism.tensor: {r['tensor']}, parallelism.pipeline: {r['pipeline']}")
+        lines.append("recommendation: " + ("; ".join(what) if what else "none possible") + f" ({r['reason']})")
+    if i.unknown:
+        lines.append("unknown here (assumed; see inputs in --json): " + ", ".join(i.unknown))
+    return "\n".join(lines)
