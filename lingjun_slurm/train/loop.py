@@ -218,6 +218,8 @@ def train(tr: Trainer, metrics: Any, stop_flag: StopFlag, stop_at: int | None = 
             fields["tflops_per_gpu"] = tflops
             if tr.peak_tflops and rt.dtype_name in ("bf16", "fp16"):
                 fields["mfu"] = tflops / tr.peak_tflops
+            # what `lingjun-slurm plan` predicts (bench/memory_gpu.py compares the two)
+            fields["max_memory_allocated"] = int(torch.cuda.max_memory_allocated())
         metrics.train(s.training.iterations, **fields)
         if s.training.eval_iters and it % s.training.eval_interval == 0:
             with _ParamsGathered(tr.model):

@@ -114,6 +114,12 @@ def start(settings: TrainSettings, env: DistEnv | None = None) -> Runtime:
         raise TrainError(f"global_batch {par.global_batch} is not divisible by micro_batch {par.micro_batch} "
                          f"x data parallel {dp}")
     use_cuda = torch.cuda.is_available()
+    if settings.gpus_per_node and not use_cuda:
+        # A GPU job that cannot see its GPUs (a CPU-only torch in the image, no driver in the
+        # container, CUDA_VISIBLE_DEVICES emptied) must not quietly train on the CPU for days.
+        raise TrainError(f"the train stage asks for {settings.gpus_per_node} GPUs per node, but torch {torch.__version__} "
+                         "sees no CUDA device (torch.cuda.is_available() is False): check the image's torch build "
+                         "(torch.version.cuda), the driver in the container and CUDA_VISIBLE_DEVICES")
     precision = settings.training.precision
     if use_cuda:
         if env.local_rank >= torch.cuda.device_count():
