@@ -63,7 +63,7 @@ def fit_warning(spec: Any, plan_obj: Any, source: str) -> tuple[str, bool] | Non
     if not spec.planning.gpu and _profile(plan_obj) not in PROFILE_GPUS:
         return None
     try:
-        est = make(plan_obj, spec.planning)
+        est = make(plan_obj, spec.planning, read_tokenizer=False)
     except (PlanError, TrainError):
         return None  # render/submit report a layout that cannot work in their own words
     if est.fits is not False:
@@ -76,7 +76,8 @@ def fit_warning(spec: Any, plan_obj: Any, source: str) -> tuple[str, bool] | Non
                       f"num_layers: {rc['num_layers']}}}")
     if r.get("tensor") is not None and (r["tensor"], r["pipeline"]) != (est.inputs.layout.tensor,
                                                                         est.inputs.layout.pipeline):
-        advice.append(f"parallelism tensor {r['tensor']}, pipeline {r['pipeline']}")
+        advice.append(f"parallelism tensor {r['tensor']}, pipeline {r['pipeline']}, "
+                      f"sequence_parallel {str(r['sequence_parallel']).lower()}")
     gpu = est.inputs.gpu
     assert gpu is not None
     msg = (f"{source}: the train stage needs {_gib(est.memory.total)} per GPU, over the {_gib(est.usable_bytes or 0)} "

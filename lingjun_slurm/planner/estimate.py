@@ -69,7 +69,7 @@ class Estimate:
 
     def seconds_per_iteration(self) -> Optional[float]:
         gpu = self.inputs.gpu
-        if gpu is None:
+        if gpu is None or self.inputs.precision == "fp32":  # the table's peak is BF16/FP16's
             return None
         return self.flops_per_iteration / (self.inputs.world_size * gpu.peak_bf16_tflops * 1e12 * self.inputs.mfu)
 
@@ -109,21 +109,30 @@ class Estimate:
         }
 
 
-def _vocab(settings: Any, planning: Any) -> tuple[Optional[int], str]:
-    """The tokenizer's vocabulary, as the trainer will find it (train/data.py dataset_tokenizer)."""
+def _vocab(settings: Any, planning: Any, read_tokenizer: bool) -> tuple[Optional[int], str]:
+    """The tokenizer's vocabulary, as the trainer will find it (train/data.py dataset_tokenizer).
+
+    read_tokenizer: load tokenizer files from this machine's disk (`plan`). validate and submit
+    do not: loading a tokenizer costs time on every validate, its packages (tokenizers,
+    sentencepiece) are optional for the CLI, and with --host the files that count are the
+    cluster's. Then only the null tokenizer's vocab_size (in the spec) or planning.vocab_size is known."""
     if planning.vocab_size:
         return planning.vocab_size, "planning.vocab_size"
-    from ..data import DataError
+    tok_settings = settings.data.tokenizer or {}
+    if tok_settings.get("type") == "null" and tok_settings.get("vocab_size"):
+        return int(tok_settings["vocab_size"]), "data.tokenizer.vocab_size (null tokenizer)"
+    if not read_tokenizer:
+        return None, "the tokenizer's files are not read by validate and submit"
     from ..data.tokenizer import TokenizerSpec, build
 
     try:
-        tok = build(TokenizerSpec.from_settings(settings.data.tokenizer), need_eod=False)
-    except (DataError, OSError, ValueError) as exc:
-        return None, f"the tokenizer cannot be read here ({' '.join(str(exc).split())[:160]})"
+        tok = build(TokenizerSpec.from_settings(tok_settings), need_eod=False)
+    except Exception as exc:  # DataError, OSError, a missing optional package, a damaged file
+        return None, f"the tokenizer cannot be read here ({type(exc).__name__}: {' '.join(str(exc).split())[:160]})"
     return int(tok.vocab_size), f"the {tok.spec.type} tokenizer"
 
 
-def inputs(plan: Any, planning: Any) -> Inputs:
+def inputs(plan: Any, planning: Any, read_tokenizer: bool = True) -> Inputs:
     """The estimate's inputs from a Plan (build_plan) and the spec's PlanningSpec."""
     from ..train.model import padded_vocab_size
     from ..train.settings import from_plan
@@ -141,7 +150,7 @@ def inputs(plan: Any, planning: Any) -> Inputs:
     def say(name: str, value: Any, source: str) -> None:
         said[name] = {"value": value, "source": source}
 
-    vocab, vsource = _vocab(settings, planning)
+    vocab, vsource = _vocab(settings, planning, read_tokenizer)
     if vocab is None:
         vocab = 128256 if m.vocab_size is None else m.vocab_size
         unknown.append("vocab_size")
@@ -178,25 +187,27 @@ def inputs(plan: Any, planning: Any) -> Inputs:
     say("precision", t.precision, "training.precision")
 
     te = planning.transformer_engine
-    cpu = not res.gpus_per_node and not planning.gpu
+    cpu = not res.gpus_per_node
     if cpu:
         attention, asource = "local", "no GPUs in the train stage: megatron-core's local attention on the CPU"
-    elif planning.attention:
-        attention, asource = planning.attention, "planning.attention"
-    elif te is False:
-        attention, asource = "local", "planning.transformer_engine: false"
+        te = None
+    elif te is False:  # without TE megatron-core runs its own unfused attention (train/model.py layer_spec)
+        attention = "local"
+        asource = "planning.transformer_engine: false" + (
+            " (planning.attention: flash needs TransformerEngine here)" if planning.attention == "flash" else "")
     else:
-        attention = "flash"
-        asource = "planning.transformer_engine: true" if te else "assumed: TransformerEngine's fused attention"
+        if planning.attention:
+            attention, asource = planning.attention, "planning.attention"
+        else:
+            attention = "flash"
+            asource = "planning.transformer_engine: true" if te else "assumed: TransformerEngine's fused attention"
         if te is None:
             unknown.append("transformer_engine")
-    if cpu:
-        te = None
     say("attention", attention, asource)
     say("transformer_engine", te, "planning.transformer_engine" if te is not None else "unknown")
 
     profile = _profile(plan)
-    gpu_name = planning.gpu or PROFILE_GPUS.get(profile or "")
+    gpu_name = None if cpu else planning.gpu or PROFILE_GPUS.get(profile or "")
     gpu = GPUS.get(gpu_name) if gpu_name else None
     gsource = ("planning.gpu" if planning.gpu else f"network profile {profile}") if gpu else \
         f"unknown: network profile {profile or 'none'} does not name one GPU (set planning.gpu)"
@@ -223,8 +234,9 @@ def _profile(plan: Any) -> Optional[str]:
     return getattr(net, "profile", None) if net is not None else None
 
 
-def _memory(i: Inputs, recompute: Recompute, layout: Optional[Layout] = None) -> Breakdown:
-    return estimate(i.shape, layout or i.layout, recompute, i.precision, i.attention, cpu=i.cpu)
+def _memory(i: Inputs, recompute: Recompute, layout: Optional[Layout] = None,
+            shape: Optional[Shape] = None) -> Breakdown:
+    return estimate(shape or i.shape, layout or i.layout, recompute, i.precision, i.attention, cpu=i.cpu)
 
 
 def recommend(i: Inputs, current: Breakdown) -> Optional[dict[str, Any]]:
@@ -238,59 +250,86 @@ def recommend(i: Inputs, current: Breakdown) -> Optional[dict[str, Any]]:
     if current.total <= usable:
         return None
     layers = i.shape.num_layers // i.layout.pipeline
-    for n in range(1, layers + 1):
-        rc = Recompute("full", "block", n)
-        got = _memory(i, rc)
-        if got.total <= usable:
-            return _advice(rc, i.layout, got, usable,
-                           f"needs {_gib(current.total)} of {_gib(usable)} usable; full recompute of {n} of "
-                           f"{layers} layers per pipeline stage brings it to {_gib(got.total)}")
+    found = _fewest_block_layers(i, i.shape, i.layout, usable)
+    if found is not None:
+        n, got = found
+        return _advice(Recompute("full", "block", n), i.layout, got,
+                       f"needs {_gib(current.total)} of {_gib(usable)} usable; full recompute of {n} of "
+                       f"{layers} layers per pipeline stage brings it to {_gib(got.total)}")
     for tp, pp in _layouts(i):
-        layout = _relayout(i, tp, pp)
-        if layout is None:
+        moved = _relayout(i, tp, pp)
+        if moved is None:
             continue
-        for rc in (i.recompute, *(Recompute("full", "block", n) for n in range(1, i.shape.num_layers // pp + 1))):
-            got = _memory(i, rc, layout)
-            if got.total <= usable:
-                return _advice(rc, layout, got, usable,
-                               f"needs {_gib(current.total)} of {_gib(usable)} usable; recompute alone is not "
-                               f"enough: tensor {tp} x pipeline {pp} brings it to {_gib(got.total)}")
-    return {"recompute": None, "tensor": None, "pipeline": None,
+        shape, layout = moved
+        try:
+            got = _memory(i, i.recompute, layout, shape)
+        except PlanError:  # e.g. a uniform recompute chunk that does not divide the new stage
+            got = None
+        if got is not None and got.total <= usable:
+            return _advice(i.recompute, layout, got, f"needs {_gib(current.total)} of {_gib(usable)} usable; "
+                           f"tensor {tp} x pipeline {pp} brings it to {_gib(got.total)}")
+        found = _fewest_block_layers(i, shape, layout, usable)
+        if found is not None:
+            n, got = found
+            return _advice(Recompute("full", "block", n), layout, got,
+                           f"needs {_gib(current.total)} of {_gib(usable)} usable; recompute alone is not enough: "
+                           f"tensor {tp} x pipeline {pp} with full recompute of {n} of {i.shape.num_layers // pp} "
+                           f"layers per stage brings it to {_gib(got.total)}")
+    return {"recompute": None, "tensor": None, "pipeline": None, "sequence_parallel": None,
             "reason": f"needs {_gib(current.total)} of {_gib(usable)} usable; no recompute, tensor or pipeline "
                       f"size on {i.world_size} GPUs fits: more GPUs, a smaller micro_batch or seq_length"}
 
 
+def _fewest_block_layers(i: Inputs, shape: Shape, layout: Layout, usable: int) -> Optional[tuple[int, Breakdown]]:
+    """The fewest layers per stage that full block recompute needs to fit, by bisection (the
+    memory falls as more layers keep only their input), or None when all of them do not fit."""
+    layers = shape.num_layers // layout.pipeline
+    best = None
+    lo, hi = 1, layers
+    while lo <= hi:
+        n = (lo + hi) // 2
+        got = _memory(i, Recompute("full", "block", n), layout, shape)
+        if got.total <= usable:
+            best, hi = (n, got), n - 1
+        else:
+            lo = n + 1
+    return best
+
+
 def _layouts(i: Inputs) -> list[tuple[int, int]]:
-    """(tensor, pipeline) candidates in order of how much they change: the product, then TP first
-    (TP stays inside a node: at most gpus_per_node)."""
-    out = []
-    for tp in (1, 2, 4, 8, 16):
-        for pp in range(1, i.shape.num_layers + 1):
-            if (tp, pp) == (i.layout.tensor, i.layout.pipeline) or tp > max(i.gpus_per_node, 1):
-                continue
-            if tp * pp * i.layout.context > i.world_size:
-                continue
-            out.append((tp, pp))
+    """(tensor, pipeline) candidates in order of how much they change: the product, then TP first.
+    TP stays inside a node (at most gpus_per_node) and divides the heads and query groups; PP
+    divides the layers; both fit in the world."""
+    tps = [tp for tp in (1, 2, 4, 8, 16) if tp <= max(i.gpus_per_node, 1)
+           and not i.shape.num_attention_heads % tp and not i.shape.groups % tp]
+    pps = [pp for pp in range(1, min(i.shape.num_layers, i.world_size) + 1) if not i.shape.num_layers % pp]
+    out = [(tp, pp) for tp in tps for pp in pps if (tp, pp) != (i.layout.tensor, i.layout.pipeline)
+           and tp * pp * i.layout.context <= i.world_size]
     return sorted(out, key=lambda c: (c[0] * c[1], c[1], c[0]))
 
 
-def _relayout(i: Inputs, tp: int, pp: int) -> Optional[Layout]:
+def _relayout(i: Inputs, tp: int, pp: int) -> Optional[tuple[Shape, Layout]]:
+    """The shape (the vocabulary padded for the new TP) and layout on the same GPUs, or None when
+    the sizes do not divide. Sequence parallel goes with TP > 1 (it only lowers memory there)."""
+    from ..train.model import padded_vocab_size
+
     mp = tp * pp * i.layout.context
-    if i.world_size % mp or i.shape.num_layers % pp or i.shape.num_attention_heads % tp:
-        return None
-    if i.shape.groups % tp and tp % i.shape.groups:
+    if i.world_size % mp:
         return None
     dp = i.world_size // mp
     if i.global_batch % (i.layout.micro_batch * dp):
         return None
-    return replace(i.layout, tensor=tp, pipeline=pp, data=dp, sequence_parallel=tp > 1 and i.layout.sequence_parallel,
-                   num_microbatches=i.global_batch // (i.layout.micro_batch * dp))
+    vocab = i.said.get("vocab_size", {}).get("value") or i.shape.padded_vocab_size
+    shape = replace(i.shape, padded_vocab_size=padded_vocab_size(vocab, tp))
+    return shape, replace(i.layout, tensor=tp, pipeline=pp, data=dp, sequence_parallel=tp > 1,
+                          num_microbatches=i.global_batch // (i.layout.micro_batch * dp))
 
 
-def _advice(rc: Recompute, layout: Layout, got: Breakdown, usable: int, reason: str) -> dict[str, Any]:
-    return {"recompute": {"granularity": rc.granularity, "method": rc.method, "num_layers": rc.num_layers},
-            "tensor": layout.tensor, "pipeline": layout.pipeline, "reason": reason,
-            "per_gpu_bytes": got.per_gpu_bytes()["total"]}
+def _advice(rc: Recompute, layout: Layout, got: Breakdown, reason: str) -> dict[str, Any]:
+    return {"recompute": ({"granularity": rc.granularity, "method": rc.method, "num_layers": rc.num_layers}
+                          if rc.granularity else None),
+            "tensor": layout.tensor, "pipeline": layout.pipeline, "sequence_parallel": layout.sequence_parallel,
+            "reason": reason, "per_gpu_bytes": got.per_gpu_bytes()["total"]}
 
 
 def _gib(n: float) -> str:
@@ -301,11 +340,11 @@ def _gib(n: float) -> str:
     return f"{int(n)} B"
 
 
-def make(plan: Any, planning: Any) -> Estimate:
+def make(plan: Any, planning: Any, read_tokenizer: bool = True) -> Estimate:
     """The estimate for a Plan and the spec's planning section (PlanError: a layout that cannot work)."""
     from ..train.metrics import flops_per_sample
 
-    i = inputs(plan, planning)
+    i = inputs(plan, planning, read_tokenizer)
     got = _memory(i, i.recompute)
     settings_model = _model_settings(plan)
     flops = flops_per_sample(settings_model, i.shape.padded_vocab_size) * i.global_batch
@@ -372,7 +411,8 @@ def format_text(e: Estimate) -> str:
             what.append(f"training.recompute: {{granularity: {rc['granularity']}, method: {rc['method']}, "
                         f"num_layers: {rc['num_layers']}}}")
         if r["tensor"] is not None and (r["tensor"], r["pipeline"]) != (lay.tensor, lay.pipeline):
-            what.append(f"parallelism.tensor: {r['tensor']}, parallelism.pipeline: {r['pipeline']}")
+            what.append(f"parallelism.tensor: {r['tensor']}, parallelism.pipeline: {r['pipeline']}, "
+                        f"parallelism.sequence_parallel: {str(r['sequence_parallel']).lower()}")
         lines.append("recommendation: " + ("; ".join(what) if what else "none possible") + f" ({r['reason']})")
     if i.unknown:
         lines.append("unknown here (assumed; see inputs in --json): " + ", ".join(i.unknown))

@@ -157,7 +157,7 @@ def check(shape: Shape, layout: Layout, recompute: Recompute) -> None:
     t, p = layout.tensor, layout.pipeline
     if shape.num_attention_heads % t:
         raise PlanError(f"{shape.num_attention_heads} attention heads do not split over tensor {t}")
-    if shape.groups % t and t % shape.groups:
+    if shape.groups % t:  # megatron-core splits the groups over TP (spec/checks.py refuses the rest too)
         raise PlanError(f"{shape.groups} query groups do not split over tensor {t}")
     chunks = p * (layout.virtual_pipeline or 1)
     if shape.num_layers % chunks:
@@ -167,6 +167,10 @@ def check(shape: Shape, layout: Layout, recompute: Recompute) -> None:
         raise PlanError(f"seq_length {shape.seq_length} does not split over context {layout.context}")
     if recompute.granularity == "full" and (recompute.method not in ("uniform", "block") or not recompute.num_layers):
         raise PlanError("full recompute needs a method (uniform or block) and num_layers")
+    if recompute.granularity == "full" and recompute.method == "uniform" and recompute.num_layers and \
+            (shape.num_layers // p) % recompute.num_layers:
+        raise PlanError(f"uniform recompute of {recompute.num_layers} layers per chunk does not divide the "
+                        f"{shape.num_layers // p} layers of a pipeline stage")
 
 
 def layer_parameters(shape: Shape, tensor: int) -> int:
@@ -240,16 +244,18 @@ def layer_activations(shape: Shape, layout: Layout, precision: str, attention: s
     norm = norm_bytes(shape, e, cpu) * tokens // sp  # a norm: its input, its output, statistics
     total = norm  # before attention
     g = shape.groups
+    rope = not shape.learned_position_embeddings
     if attention == "local" and g < a:
-        # GQA in the local attention: Q reshaped out of the grouped QKV layout (a copy) and K, V
-        # repeated to every head (megatron/core/transformer/dot_product_attention.py)
+        # GQA in the local attention: Q (reshaped out of the grouped QKV layout, or rotated) and K,
+        # V repeated to every head (megatron/core/transformer/dot_product_attention.py); the rotated
+        # K and the QKV output are not kept then
         total += 3 * e * tokens * a * d // t
     else:
         total += e * tokens * (a + 2 * g) * d // t  # Q, K, V: views of the QKV linear's output
-    if not shape.learned_position_embeddings:  # RoPE: rotated copies of Q and K are what attention keeps
-        total += e * tokens * (a + g) * d // t
-        if cpu:  # the unfused rotation keeps cos and sin for Q and for K (megatron/core/models/common/embeddings)
-            total += 4 * e * s * d
+        if rope:  # RoPE: the rotated copies of Q and K are what attention keeps, V still a view
+            total += e * tokens * (a + g) * d // t
+    if rope and cpu:  # the unfused rotation keeps cos and sin for Q and for K (models/common/embeddings/rope_utils.py)
+        total += 4 * e * s * d
     total += e * tokens * a * d // t  # attention output = the projection's input
     total += mask
     if attention == "flash":

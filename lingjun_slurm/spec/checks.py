@@ -240,6 +240,14 @@ def check_model(spec: Spec) -> list[Issue]:
         if arch["num_layers"] % par.pipeline:
             issues.append(Issue(("parallelism", "pipeline"),
                                 f"num_layers ({arch['num_layers']}) must be divisible by pipeline ({par.pipeline})"))
+        rc = spec.training.recompute
+        layers = arch["num_layers"] // par.pipeline
+        if rc.granularity == "full" and rc.method == "uniform" and rc.num_layers and layers % rc.num_layers:
+            # megatron-core's _checkpointed_forward steps through the stage's layers num_layers at a
+            # time and asks for layers past the end (transformer_block.py: custom(l, l + N), _get_layer)
+            issues.append(Issue(("training", "recompute", "num_layers"),
+                                f"uniform recompute of {rc.num_layers} layers per chunk must divide the {layers} "
+                                "layers of each pipeline stage"))
         if arch["seq_length"] % (2 * par.context) and par.context > 1:
             issues.append(Issue(("parallelism", "context"),
                                 f"seq_length ({arch['seq_length']}) must be divisible by 2 x context ({2 * par.context})"))

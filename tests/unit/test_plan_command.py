@@ -171,3 +171,84 @@ def test_the_gpu_table_agrees_with_the_trainers_mfu_table() -> None:
 
     for gpu in GPUS.values():
         assert peak_tflops("NVIDIA " + gpu.name.split("-")[0]) == gpu.peak_bf16_tflops, gpu.name
+
+
+def test_a_cpu_train_stage_has_no_verdict_whatever_the_profile(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """gpus_per_node 0 on an H100 profile: host memory, never judged against (or refused for) a GPU."""
+    spec = _spec(tmp_path, planning={"transformer_engine": True, "vocab_size": 128256},
+                 cluster={"network": {"profile": "azure-nd-h100-v5"},
+                          "stages": {"train": {"nodes": 1, "tasks_per_node": 2, "gpus_per_node": 0}}},
+                 parallelism={"global_batch": 8}, training={"entrypoint": "builtin"})
+    doc = yaml.safe_load(spec.read_text())
+    doc["cluster"]["network"].pop("instance_type", None)
+    spec.write_text(yaml.safe_dump(doc))
+    code, out, err = run_cli(capsys, "plan", str(spec), "--json")
+    got = json.loads(out)
+    assert code == 0, err
+    assert got["memory"]["fits"] is None and got["memory"]["gpu_bytes"] is None and got["recommendation"] is None
+    assert got["inputs"]["attention"]["value"] == "local"
+    code, _, err = run_cli(capsys, "validate", str(spec))
+    assert code == 0 and "warning" not in err
+
+
+def test_validate_and_submit_read_no_tokenizer_files(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tokenizers / sentencepiece packages are optional for the CLI, and with --host the files
+    that count are the cluster's: validate and submit take the vocabulary from the spec or
+    planning.vocab_size only, and say so; `plan` reads the files when it can, without a traceback
+    when it cannot."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # as on a CLI-only install
+    monkeypatch.setitem(sys.modules, "sentencepiece", None)
+    spec = _too_big(tmp_path, planning={"gpu": "H100-80GB", "transformer_engine": True})
+    code, out, err = run_cli(capsys, "validate", str(spec))
+    assert code == 0 and "does not fit" in err and "assumed, not known here: vocab_size" in err
+    code, out, err = run_cli(capsys, "plan", str(spec), "--json")
+    assert code == 0, err
+    vocab = json.loads(out)["inputs"]["vocab_size"]
+    assert "vocab_size" in json.loads(out)["unknown"] and "cannot be read here" in vocab["source"]
+
+
+def test_the_recommendation_keeps_to_what_megatron_accepts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """TP divides the query groups (8 for Llama-3-8B), sequence parallel goes with TP > 1, and the
+    advice, applied, validates and fits."""
+    spec = _spec(tmp_path, planning={**KNOWN, "gpu": "A100-40GB"},
+                 parallelism={"tensor": 1, "sequence_parallel": False, "micro_batch": 1})
+    _, out, _ = run_cli(capsys, "plan", str(spec), "--json")
+    rec = json.loads(out)["recommendation"]
+    assert 8 % rec["tensor"] == 0 and rec["sequence_parallel"] is (rec["tensor"] > 1)
+    doc = yaml.safe_load(spec.read_text())
+    doc["parallelism"].update(tensor=rec["tensor"], pipeline=rec["pipeline"], sequence_parallel=rec["sequence_parallel"])
+    if rec["recompute"]:
+        doc["training"]["recompute"] = rec["recompute"]
+    applied = tmp_path / "applied.yaml"
+    applied.write_text(yaml.safe_dump(doc))
+    code, out, err = run_cli(capsys, "plan", str(applied), "--json")
+    assert code == 0, err
+    assert json.loads(out)["memory"]["fits"] is True and json.loads(out)["recommendation"] is None
+
+
+def test_the_search_bisects(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The fewest recompute layers are found in O(log layers) estimates, not one per layer."""
+    from lingjun_slurm.plan import build_plan
+    from lingjun_slurm.spec import load_spec
+
+    loaded = load_spec(_too_big(tmp_path))
+    i = est_mod.inputs(build_plan(loaded.spec, source="s"), loaded.spec.planning)
+    calls = []
+    real = est_mod.estimate
+    monkeypatch.setattr(est_mod, "estimate", lambda *a, **k: calls.append(1) or real(*a, **k))
+    usable = int(i.gpu.memory_bytes * 0.9)
+    n, got = est_mod._fewest_block_layers(i, i.shape, i.layout, usable)
+    assert got.total <= usable and len(calls) <= 6  # 32 layers: 5 or 6 probes
+    assert est_mod._memory(i, est_mod.Recompute("full", "block", n - 1)).total > usable
+
+
+def test_uniform_recompute_must_divide_the_stage(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """megatron-core's uniform recompute steps num_layers at a time and asks for layers past the
+    end otherwise: refused at validation, with the field."""
+    spec = _spec(tmp_path, training={"recompute": {"granularity": "full", "method": "uniform", "num_layers": 5}})
+    code, out, err = run_cli(capsys, "validate", str(spec))
+    assert code == 2 and "training.recompute.num_layers" in err and "must divide the 32 layers" in err

@@ -113,3 +113,17 @@ def test_eighteen_bytes_per_parameter_or_six_plus_twelve_over_dp() -> None:
 def test_layouts_that_cannot_work_say_why(bad: dict, why: str) -> None:
     with pytest.raises(PlanError, match=why):
         estimate(PAPER, Layout(**bad))
+
+
+def test_local_gqa_with_rope_keeps_the_rotated_q_and_repeated_k_v_only() -> None:
+    """The local attention repeats K and V to every head: the rotated K and the QKV output are
+    not kept, the rotated Q and the two repeated tensors are (3ad per token)."""
+    gqa_rope = Shape(**{**PAPER.__dict__, "num_query_groups": 4, "learned_position_embeddings": False})
+    assert _act(gqa_rope) == _act()  # 3ad either way: Q (rotated or copied), K and V repeated
+    rope = Shape(**{**PAPER.__dict__, "learned_position_embeddings": False})
+    assert _act(rope) - _act() == 2 * S * B * 2 * 1024  # no GQA: rotated Q and K beside the QKV output
+
+
+def test_query_groups_that_do_not_split_over_tp_are_refused() -> None:
+    with pytest.raises(PlanError, match="2 query groups do not split over tensor 4"):
+        estimate(Shape(**{**PAPER.__dict__, "num_query_groups": 2}), Layout(tensor=4))
