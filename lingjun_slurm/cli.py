@@ -51,6 +51,7 @@ LAZY_COMMANDS = {
     "image": "cli_image:image",
     "nccl-test": "cli_nccltest:nccl_test",
     "plan": "cli_plan:plan",
+    "report": "cli_report:report",
 }
 
 

@@ -190,3 +190,25 @@ def test_readme_main_job_runs_end_to_end(tmp_path: Path, env: dict[str, str]) ->
     first, last = train[min(train)], train[max(train)]
     assert max(train) == 300 and last < first - 3.0, (first, last)
     assert "manifest written" in cli("logs", run_id, "checkpoint", env=env).stdout
+    # issue 16 item 4: the report of this run, its data checked against the run's own records
+    from lingjun_slurm.report.page import embedded_data
+
+    out = tmp_path / "report"
+    got = cli("report", run_id, "-o", str(out), env=env)
+    assert got.returncode == 0 and str(out / "index.html") in got.stdout, got.stderr
+    assert sorted(p.name for p in out.glob("*.png")) == ["loss.png", "lr.png", "throughput.png", "timeline.png"]
+    page = (out / "index.html").read_text()
+    data = embedded_data(page)
+    assert data == json.loads((out / "report-data.json").read_text())
+    assert {r["iteration"]: r["loss"] for r in data["metrics"]["train"]} == train
+    evals = [(r["iteration"], r["loss"]) for r in records if r["type"] == "eval"]
+    assert [(r["iteration"], r["loss"]) for r in data["metrics"]["eval"]] == evals
+    assert [(s["name"], s["state"]) for s in data["stages"]] == [(name, "COMPLETED") for name in stages]
+    manifest = json.loads((tmp_path / "w" / "runs" / run_id / "manifest.json").read_text())
+    for s, rec in zip(data["stages"], manifest["stages"]):
+        assert s["job_ids"] == rec["job_ids"] and s["submitted_at"] == rec["submitted_at"]
+        assert s["attempts"] and s["queue_wait_s"] >= 0 and s["run_s"] >= 0 and s["requeues"] == 0
+    ckpts = data["checkpoints"]
+    assert ckpts["readable"] and ckpts["tracker"] == 300
+    assert [c["iteration"] for c in ckpts["iterations"]] == [200, 300] and ckpts["iterations"][-1]["manifest"]
+    assert page.count('src="data:image/png;base64,') == 4 and "Traceback" not in got.stderr

@@ -1,0 +1,42 @@
+"""`lingjun-slurm report RUN [-o DIR]`: one HTML page of a run, with PNG charts beside it (docs/report.md)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Optional
+
+import click
+
+from .cli_remote import EXIT_CODES, Connections, destination, open_run, remote_options
+
+
+@click.command("report", epilog=EXIT_CODES)
+@click.argument("run")
+@click.option("-o", "--output", "outdir", type=click.Path(file_okay=False, path_type=Path),
+              help="Directory for index.html and the PNGs (default: ./report-<run id>).")
+@remote_options
+def report(run: str, outdir: Optional[Path], host: Optional[str], cluster: Optional[str],
+           accept_new_host_key: bool) -> None:
+    """Write a run's report: loss, validation loss, learning rate, tokens/s and MFU curves, the
+    stages' queue wait, run time, requeues and restarts, and the checkpoints; the data it shows
+    is embedded in the page as JSON. A remote run is read over SSH; the page is written here."""
+    from .errors import UsageError
+    from .report import charts, data, page
+    from .status import StatusCollector
+
+    with Connections(destination(host, cluster, accept_new_host_key)) as conns:
+        _entry, t, m = open_run(run, conns)
+        status = StatusCollector(t).collect([m])[0]
+        doc = data.collect(t, m, status)
+    out = outdir or Path(f"report-{m.run_id}")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        names = charts.draw(doc, out)
+        argv = ["lingjun-slurm", "report", run] + (["-o", str(outdir)] if outdir else [])
+        (out / "index.html").write_text(page.render(doc, names, out, shlex.join(argv)), encoding="utf-8")
+        (out / "report-data.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot write the report into {out}: {exc.strerror or exc}") from None
+    click.echo(f"{out / 'index.html'} ({len(names)} charts; data: {out / 'report-data.json'})")

@@ -1,0 +1,152 @@
+"""What a report shows, as one JSON-able document (embedded in the page as `report-data`).
+
+Sources, all read through the run's Transport (local or SSH):
+  - <run_dir>/metrics.jsonl, the builtin trainer's records (train/metrics.py): `train` records
+    (a later one for the same iteration, after a restart, supersedes an earlier one), `eval`,
+    `save`, and the events `start`, `stop`, `resume_fallback`;
+  - <run_dir>/jobs/<job id>, the markers every stage script writes: one "start EPOCH RESTARTS
+    NODES" line per attempt (a requeue adds one) and "end EPOCH RC" (lingjun_slurm/status.py
+    read_marker); with the manifest's submitted_at they give the queue wait and the run time;
+  - the status (StatusCollector, one batched Slurm query) for each stage's state and reason;
+  - the checkpoint directory (on this machine only: its size needs a walk of every file).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+SCHEMA = 1
+EVENTS = ("start", "stop", "resume_fallback")
+
+
+def metrics(text: str) -> dict[str, list[dict[str, Any]]]:
+    """metrics.jsonl -> {"train": [...], "eval": [...], "save": [...], "events": [...]}, by iteration.
+    A line that is not a JSON object (a write cut short by a kill) is skipped."""
+    train: dict[int, dict[str, Any]] = {}
+    out: dict[str, list[dict[str, Any]]] = {"train": [], "eval": [], "save": [], "events": []}
+    for line in text.splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(rec, dict):
+            continue
+        kind = rec.get("type")
+        if kind == "train" and isinstance(rec.get("iteration"), int):
+            train[rec["iteration"]] = rec  # a restart repeats iterations: the later record wins
+        elif kind in ("eval", "save"):
+            out[kind].append(rec)
+        elif kind in EVENTS:
+            out["events"].append(rec)
+    out["train"] = [train[k] for k in sorted(train)]
+    return out
+
+
+def attempts(text: str) -> list[dict[str, Any]]:
+    """A marker file's attempts: [{"start", "end", "exit_code", "restarts", "nodes"}], oldest first."""
+    out: list[dict[str, Any]] = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] == "start":
+            try:
+                start = float(parts[1])
+            except ValueError:
+                continue
+            out.append({"start": start, "end": None, "exit_code": None,
+                        "restarts": int(parts[2]) if len(parts) > 2 and parts[2].isdigit() else 0,
+                        "nodes": parts[3] if len(parts) > 3 else None})
+        elif len(parts) >= 3 and parts[0] == "end" and out and out[-1]["end"] is None:
+            try:
+                out[-1]["end"], out[-1]["exit_code"] = float(parts[1]), int(parts[2])
+            except ValueError:
+                continue
+    return out
+
+
+def stage_timeline(t: Any, run_dir: str, rec: Any) -> dict[str, Any]:
+    """Submit time, attempts and the queue wait / run time of one stage (its current jobs)."""
+    try:
+        names = t.listdir(f"{run_dir}/jobs")
+    except (FileNotFoundError, OSError):
+        names = []
+    runs: list[dict[str, Any]] = []
+    for job in rec.job_ids:
+        for key in sorted(n for n in names if n == job or n.startswith(f"{job}_")):
+            try:
+                text = t.read_text(f"{run_dir}/jobs/{key}")
+            except (FileNotFoundError, OSError):
+                continue
+            for a in attempts(text):
+                runs.append({"job": key, **a})
+    starts = [a["start"] for a in runs]
+    ends = [a["end"] for a in runs if a["end"] is not None]
+    first = min(starts) if starts else None
+    last = max(ends) if ends and len(ends) == len(runs) else None
+    # The markers count whole seconds (date +%s) and submitted_at does not: a wait under a
+    # second can come out negative, and is 0.
+    return {"submitted_at": rec.submitted_at, "attempts": runs, "started_at": first, "ended_at": last,
+            "queue_wait_s": max(0.0, first - rec.submitted_at) if first is not None and rec.submitted_at else None,
+            # wall time from the first start to the last end (array tasks overlap; requeues add up)
+            "run_s": (last - first) if first is not None and last is not None else None,
+            # a requeued job starts again under the same id: every start after its first
+            "requeues": sum(max(0, sum(1 for a in runs if a["job"] == key) - 1)
+                            for key in {a["job"] for a in runs})}
+
+
+def checkpoints(ckpt_dir: Optional[str]) -> dict[str, Any]:
+    """The run's checkpoints (this machine's view): iteration, files, bytes, manifest or not,
+    the tracker's iteration. Remote or missing: {"dir", "readable": false}."""
+    if not ckpt_dir or not os.path.isdir(ckpt_dir):
+        return {"dir": ckpt_dir, "readable": False, "tracker": None, "iterations": []}
+    from ..checkpoint import read_tracker
+    from ..checkpoint.layout import dir_size, iterations
+
+    tracker = read_tracker(Path(ckpt_dir))
+    items = []
+    for it, path in iterations(Path(ckpt_dir)):
+        files, size = dir_size(path)
+        items.append({"iteration": it, "name": path.name, "files": files, "bytes": size,
+                      "manifest": (path / "lingjun-manifest.json").is_file(),
+                      "complete": (path / "metadata.json").is_file(),
+                      "latest": tracker.iteration == it})
+    damaged = sorted(p.name for p in Path(ckpt_dir).iterdir() if ".damaged-" in p.name)
+    return {"dir": ckpt_dir, "readable": True, "tracker": tracker.iteration, "iterations": items,
+            "damaged_aside": damaged}
+
+
+def collect(t: Any, manifest: Any, status: Any) -> dict[str, Any]:
+    """The report's data for one run: the manifest, its status (a RunStatus) and what the run dir holds."""
+    run_dir = manifest.run_dir.rstrip("/")
+    try:
+        text = t.read_text(f"{run_dir}/metrics.jsonl")
+    except (FileNotFoundError, OSError):
+        text = ""
+    states = {s.name: s for s in status.stages}
+    stages = []
+    for rec in manifest.stages:
+        st = states.get(rec.name)
+        stages.append({"name": rec.name, "kind": rec.kind, "job_ids": list(rec.job_ids),
+                       "previous_attempts": len(rec.previous),
+                       "state": st.state if st else None, "reason": st.reason if st else None,
+                       "exit_code": st.exit_code if st else None, "restarts": st.restarts if st else 0,
+                       "nodes": st.nodes if st else None, **stage_timeline(t, run_dir, rec)})
+    ckpt_dir = _checkpoint_dir(t, run_dir)
+    local = getattr(t, "kind", "local") == "local"
+    return {"schema": SCHEMA,
+            "run": {"run_id": manifest.run_id, "name": manifest.name, "executor": manifest.executor,
+                    "host": manifest.transport.host, "run_dir": run_dir, "created_at": manifest.created_at},
+            "stages": stages,
+            "metrics": metrics(text),
+            "checkpoints": checkpoints(ckpt_dir if local else None) | ({} if local else {"dir": ckpt_dir})}
+
+
+def _checkpoint_dir(t: Any, run_dir: str) -> Optional[str]:
+    """The checkpoint directory as the host sees it (plan.json's host_checkpoint_dir)."""
+    try:
+        plan = json.loads(t.read_text(f"{run_dir}/plan.json"))
+    except (FileNotFoundError, OSError, ValueError):
+        return None
+    return plan.get("host_checkpoint_dir") or plan.get("checkpoint_dir") if isinstance(plan, dict) else None

@@ -1,0 +1,120 @@
+"""The report's HTML: one file, its charts embedded (data: URIs) and also written beside it, and
+the data it was drawn from embedded as JSON (<script type="application/json" id="report-data">),
+so the page is all a reader needs and a script can read the numbers back."""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+
+CAPTIONS = {"loss.png": "Training and validation loss", "lr.png": "Learning rate",
+            "throughput.png": "Throughput (and MFU on GPUs)", "memory.png": "GPU memory peak",
+            "timeline.png": "Stages: queue wait and run time, one bar per attempt"}
+
+
+def _when(epoch: Any) -> str:
+    if not isinstance(epoch, (int, float)):
+        return ""
+    return datetime.datetime.fromtimestamp(epoch, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _secs(value: Any) -> str:
+    if not isinstance(value, (int, float)):
+        return ""
+    value = int(round(value))
+    return f"{value // 3600}:{value % 3600 // 60:02d}:{value % 60:02d}"
+
+
+def _size(n: Any) -> str:
+    if not isinstance(n, int):
+        return ""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def _table(head: list[str], rows: list[list[Any]]) -> str:
+    e = html.escape
+    out = ["<table><thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr></thead><tbody>"]
+    out += ["<tr>" + "".join(f"<td>{e('' if c is None else str(c))}</td>" for c in row) + "</tr>" for row in rows]
+    return "\n".join(out + ["</tbody></table>"])
+
+
+def render(doc: dict[str, Any], charts: list[str], out: Path, command: str) -> str:
+    """The page's text."""
+    e = html.escape
+    run = doc["run"]
+    train = doc["metrics"]["train"]
+    last = train[-1] if train else None
+    summary = [["run id", run["run_id"]], ["name", run["name"]], ["executor", run["executor"]],
+               ["host", run["host"]], ["run directory", run["run_dir"]], ["created", _when(run["created_at"])]]
+    if last:
+        summary += [["last iteration", last["iteration"]], ["last loss", f"{last['loss']:.4f}"],
+                    ["tokens/s (median)", f"{sorted(r['tokens_per_s'] for r in train)[len(train) // 2]:,.0f}"]]
+    stages = _table(["stage", "state", "jobs", "submitted", "queue wait", "run time", "attempts", "requeues",
+                     "restarts", "exit", "reason"],
+                    [[s["name"], s["state"], " ".join(s["job_ids"]), _when(s["submitted_at"]),
+                      _secs(s["queue_wait_s"]), _secs(s["run_s"]), len(s["attempts"]), s["requeues"],
+                      s["restarts"], s["exit_code"], s["reason"]] for s in doc["stages"]])
+    ck = doc["checkpoints"]
+    if ck.get("readable"):
+        ckpt = _table(["checkpoint", "iteration", "files", "size", "complete", "hash manifest", "tracker"],
+                      [[c["name"], c["iteration"], c["files"], _size(c["bytes"]), "yes" if c["complete"] else "no",
+                        "yes" if c["manifest"] else "no", "latest" if c["latest"] else ""] for c in ck["iterations"]])
+        if ck.get("damaged_aside"):
+            ckpt += f"<p>Damaged and moved aside: {e(', '.join(ck['damaged_aside']))}</p>"
+        ckpt = f"<p>{e(str(ck['dir']))}</p>" + ckpt
+    else:
+        ckpt = (f"<p>Checkpoints in {e(str(ck.get('dir')))} are not readable from here (a remote run, or none yet): "
+                f"<code>lingjun-slurm checkpoint list DIR</code> on the cluster lists them.</p>")
+    events = _table(["event", "iteration", "details"],
+                    [[r["type"], r.get("iteration"),
+                      ", ".join(f"{k}={v}" for k, v in r.items() if k not in ("type", "iteration", "time", "run_id"))]
+                     for r in doc["metrics"]["events"]])
+    figures = []
+    for name in charts:
+        data = base64.b64encode((out / name).read_bytes()).decode()
+        figures.append(f'<figure><img alt="{e(CAPTIONS.get(name, name))}" src="data:image/png;base64,{data}">'
+                       f'<figcaption>{e(CAPTIONS.get(name, name))} (<a href="{e(name)}">{e(name)}</a>)</figcaption>'
+                       "</figure>")
+    # No "<", ">" or "&" inside the script element at all (JSON escapes them): nothing in the data
+    # can end it or switch the parser's script-data states (HTML Living Standard 13.2.5.4 ff.).
+    payload = json.dumps(doc, sort_keys=True).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{e(run['run_id'])}: lingjun-slurm report</title>
+<style>
+body {{ font-family: sans-serif; margin: 2em; max-width: 70em; }}
+table {{ border-collapse: collapse; margin: 0.5em 0 1.5em; }}
+th, td {{ border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; font-size: 0.9em; }}
+th {{ background: #f2f2f2; }}
+figure {{ margin: 1em 0; }} img {{ max-width: 100%; }}
+footer {{ color: #666; font-size: 0.8em; margin-top: 2em; }}
+</style></head><body>
+<h1>Run {e(run['run_id'])}</h1>
+{_table(["", ""], summary)}
+<h2>Stages</h2>
+{stages}
+<h2>Training</h2>
+{''.join(figures) if figures else '<p>No training metrics in this run (metrics.jsonl is written by the builtin trainer).</p>'}
+<h2>Events</h2>
+{events}
+<h2>Checkpoints</h2>
+{ckpt}
+<footer>lingjun-slurm {e(__version__)}: <code>{e(command)}</code></footer>
+<script type="application/json" id="report-data">{payload}</script>
+</body></html>
+"""
+
+
+def embedded_data(page: str) -> dict[str, Any]:
+    """The JSON a page embeds (for tests and scripts)."""
+    start = page.index('<script type="application/json" id="report-data">') + len(
+        '<script type="application/json" id="report-data">')
+    return json.loads(page[start:page.index("</script>", start)])

@@ -1,0 +1,46 @@
+"""The report's readers and page (issue 16 item 4), on hand-made run directories."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from lingjun_slurm.report import data, page
+
+
+def test_a_restart_supersedes_earlier_records_and_garbage_is_skipped() -> None:
+    text = "\n".join([
+        json.dumps({"type": "start", "iteration": 0}),
+        json.dumps({"type": "train", "iteration": 1, "loss": 9.0}),
+        json.dumps({"type": "train", "iteration": 2, "loss": 8.0}),
+        '{"type": "train", "iteration": 3, "lo',  # cut short by a kill
+        json.dumps({"type": "start", "iteration": 1}),
+        json.dumps({"type": "train", "iteration": 2, "loss": 7.5}),
+        json.dumps([1, 2]),
+        json.dumps({"type": "eval", "iteration": 2, "loss": 7.9}),
+    ])
+    got = data.metrics(text)
+    assert [(r["iteration"], r["loss"]) for r in got["train"]] == [(1, 9.0), (2, 7.5)]
+    assert [r["type"] for r in got["events"]] == ["start", "start"] and len(got["eval"]) == 1
+
+
+def test_markers_give_one_attempt_per_start() -> None:
+    """A requeued job writes a second start line (status.py read_marker keeps only the last)."""
+    got = data.attempts("start 100 0 node1\nend 160 143\nstart 200 1 node2\nend 260 0\ngarbage\nstart x\n")
+    assert got == [{"start": 100.0, "end": 160.0, "exit_code": 143, "restarts": 0, "nodes": "node1"},
+                   {"start": 200.0, "end": 260.0, "exit_code": 0, "restarts": 1, "nodes": "node2"}]
+
+
+def test_the_page_escapes_what_it_shows_and_embeds_the_data_intact(tmp_path: Path) -> None:
+    hostile = "</script><script>alert(1)</script>"
+    doc = {"schema": 1, "run": {"run_id": "r1", "name": hostile, "executor": "local", "host": "h", "run_dir": "/x",
+                                "created_at": 0},
+           "stages": [{"name": "train", "kind": "train", "job_ids": ["1"], "previous_attempts": 0, "state": "FAILED",
+                       "reason": hostile, "exit_code": 1, "restarts": 0, "nodes": None, "submitted_at": 1.0,
+                       "attempts": [], "started_at": None, "ended_at": None, "queue_wait_s": None, "run_s": None,
+                       "requeues": 0}],
+           "metrics": {"train": [], "eval": [], "save": [], "events": []},
+           "checkpoints": {"dir": None, "readable": False}}
+    text = page.render(doc, [], tmp_path, "lingjun-slurm report r1")
+    assert "<script>alert(1)" not in text and text.count("<script") == 1
+    assert page.embedded_data(text) == doc
