@@ -5,7 +5,6 @@ nccl-test chart does (nccltests/chart.py)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +16,10 @@ STATE_COLORS = {"COMPLETED": "tab:green", "RUNNING": "tab:blue", "FAILED": "tab:
 
 
 def _pyplot() -> Any:
-    os.environ.setdefault("MPLCONFIGDIR", os.path.join(os.environ.get("TMPDIR", "/tmp"), "lingjun-mpl"))
     try:
         import matplotlib
 
-        matplotlib.use("Agg")
+        matplotlib.use("Agg", force=True)  # no display needed, as nccltests/chart.py
         import matplotlib.pyplot as plt
     except ImportError:
         raise UsageError(INSTALL_HINT) from None
