@@ -53,16 +53,39 @@ def flops_per_sample(m: ModelSettings, padded_vocab: int) -> float:
         + padded_vocab / (2 * m.num_layers * m.hidden_size)))
 
 
+# TensorBoard scalars under Megatron-LM's own tags (megatron/training/training.py training_log
+# and evaluate_and_print_results at core_v0.16.1, :1883-2047 and :3259-3267), so the dashboards
+# Megatron-LM users already have read these runs too. metrics.jsonl field -> tags.
+TB_TRAIN = (("loss", "lm loss"), ("lr", "learning-rate"), ("grad_norm", "grad-norm"),
+            ("step_time_s", "iteration-time"), ("tflops_per_gpu", "throughput"),
+            ("max_memory_allocated", "mem-max-allocated-bytes"), ("tokens_per_s", "tokens-per-second"))
+TB_VS_SAMPLES = ("lm loss", "learning-rate", "grad-norm")  # Megatron-LM adds "<tag> vs samples" for these
+TENSORBOARD_DIR = "tensorboard"  # <run_dir>/tensorboard/, beside metrics.jsonl
+
+
+def tensorboard_writer(run_dir: str) -> Any:
+    """torch's SummaryWriter for <run_dir>/tensorboard/, or None without the tensorboard package
+    (torch.utils.tensorboard imports it; it is not one of the trainer's dependencies)."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        return None
+    return SummaryWriter(log_dir=os.path.join(run_dir, TENSORBOARD_DIR), max_queue=1000)
+
+
 class Metrics:
-    """Writes metrics.jsonl and log lines; a no-op writer on ranks other than 0."""
+    """Writes metrics.jsonl and log lines, and TensorBoard event files when tensorboard is
+    installed; a no-op writer on ranks other than 0."""
 
     def __init__(self, path: str, run_id: str, enabled: bool, log_interval: int) -> None:
         self.path, self.run_id, self.enabled, self.log_interval = path, run_id, enabled, max(1, log_interval)
         self._fh: TextIO | None = None
         self._window: list[dict[str, Any]] = []
+        self._tb: Any = None
         if enabled:
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
             self._fh = open(path, "a", encoding="utf-8")
+            self._tb = tensorboard_writer(os.path.dirname(path) or ".")
 
     def record(self, kind: str, **fields: Any) -> None:
         if not self._fh:
@@ -77,6 +100,14 @@ class Metrics:
         self.record("train", **fields)
         self._window.append(fields)
         it = fields["iteration"]
+        if self._tb is not None:
+            samples = fields.get("consumed_samples")
+            for key, tag in TB_TRAIN:
+                value = fields.get(key)
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self._tb.add_scalar(tag, value, it)
+                    if tag in TB_VS_SAMPLES and isinstance(samples, int):
+                        self._tb.add_scalar(f"{tag} vs samples", value, samples)
         if it % self.log_interval == 0 or it == total_iterations:
             self._log_window(total_iterations)
 
@@ -104,9 +135,15 @@ class Metrics:
             return
         ppl = math.exp(min(loss, 50.0)) if math.isfinite(loss) else float("nan")
         self.record("eval", iteration=iteration, loss=loss, ppl=ppl, eval_iters=eval_iters)
+        if self._tb is not None:
+            self._tb.add_scalar("lm loss validation", loss, iteration)
+            self._tb.add_scalar("lm loss validation ppl", ppl, iteration)
         log.info(f"validation at iteration {iteration} | loss {loss:.6f} | ppl {ppl:.3f}")
 
     def close(self) -> None:
         if self._fh:
             self._fh.close()
             self._fh = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
