@@ -8,7 +8,8 @@ Sources, all read through the run's Transport (local or SSH):
     NODES" line per attempt (a requeue adds one) and "end EPOCH RC" (lingjun_slurm/status.py
     read_marker); with the manifest's submitted_at they give the queue wait and the run time;
   - the status (StatusCollector, one batched Slurm query) for each stage's state and reason;
-  - the checkpoint directory (on this machine only: its size needs a walk of every file).
+  - the checkpoint directory (on this machine only: its size needs a walk of every file);
+  - nccl-test reports attached to the run, <run_dir>/nccl-tests/*/report.json.
 """
 
 from __future__ import annotations
@@ -117,6 +118,38 @@ def checkpoints(ckpt_dir: Optional[str]) -> dict[str, Any]:
             "damaged_aside": damaged}
 
 
+NCCL_DIR = "nccl-tests"  # <run_dir>/nccl-tests/<name>/: `lingjun-slurm nccl-test --outdir` there attaches one
+
+
+def nccl_tests(t: Any, run_dir: str) -> list[dict[str, Any]]:
+    """The nccl-test reports attached to the run: <run_dir>/nccl-tests/*/report.json (schema 2,
+    lingjun_slurm/nccltests/report.py to_json), each summarised per op: ranks, hosts, average
+    and peak bus bandwidth (out-of-place, GB/s), the verdict and its reason."""
+    try:
+        names = sorted(t.listdir(f"{run_dir}/{NCCL_DIR}"))
+    except (FileNotFoundError, NotADirectoryError, OSError):
+        return []
+    out = []
+    for name in names:
+        try:
+            doc = json.loads(t.read_text(f"{run_dir}/{NCCL_DIR}/{name}/report.json"))
+        except (FileNotFoundError, NotADirectoryError, OSError, ValueError):
+            continue
+        if not isinstance(doc, dict) or doc.get("schema") != 2:
+            continue
+        ops = []
+        for op in doc.get("ops") or []:
+            if not isinstance(op, dict):
+                continue
+            peaks = [r.get("busbw_out") for r in op.get("rows") or [] if isinstance(r, dict)]
+            peaks = [v for v in peaks if isinstance(v, (int, float))]
+            ops.append({"op": op.get("op"), "ranks": op.get("ranks"), "hosts": len(op.get("hosts") or []),
+                        "avg_busbw": op.get("avg_busbw"), "peak_busbw": max(peaks) if peaks else None,
+                        "verdict": op.get("verdict"), "reason": op.get("reason")})
+        out.append({"name": name, "title": doc.get("title"), "ok": doc.get("ok"), "ops": ops})
+    return out
+
+
 def collect(t: Any, manifest: Any, status: Any) -> dict[str, Any]:
     """The report's data for one run: the manifest, its status (a RunStatus) and what the run dir holds."""
     run_dir = manifest.run_dir.rstrip("/")
@@ -140,6 +173,7 @@ def collect(t: Any, manifest: Any, status: Any) -> dict[str, Any]:
                     "host": manifest.transport.host, "run_dir": run_dir, "created_at": manifest.created_at},
             "stages": stages,
             "metrics": metrics(text),
+            "nccl_tests": nccl_tests(t, run_dir),
             "checkpoints": checkpoints(ckpt_dir if local else None) | ({} if local else {"dir": ckpt_dir})}
 
 

@@ -78,6 +78,15 @@ def render(doc: dict[str, Any], charts: list[str], out: Path, command: str) -> s
                     [[r["type"], r.get("iteration"),
                       ", ".join(f"{k}={v}" for k, v in r.items() if k not in ("type", "iteration", "time", "run_id"))]
                      for r in doc["metrics"]["events"]])
+    nccl = doc.get("nccl_tests") or []
+    if nccl:
+        nccl_html = _table(["report", "op", "ranks", "hosts", "avg busbw (GB/s)", "peak busbw (GB/s)", "verdict",
+                            "reason"],
+                           [[n["name"], o["op"], o["ranks"], o["hosts"], o["avg_busbw"], o["peak_busbw"], o["verdict"],
+                             o["reason"]] for n in nccl for o in n["ops"]])
+    else:
+        nccl_html = (f"<p>None attached: <code>lingjun-slurm nccl-test --outdir {e(run['run_dir'])}/nccl-tests/NAME</code> "
+                     "puts one here.</p>")
     figures = []
     for name in charts:
         data = base64.b64encode((out / name).read_bytes()).decode()
@@ -107,6 +116,8 @@ footer {{ color: #666; font-size: 0.8em; margin-top: 2em; }}
 {events}
 <h2>Checkpoints</h2>
 {ckpt}
+<h2>NCCL tests</h2>
+{nccl_html}
 <footer>lingjun-slurm {e(__version__)}: <code>{e(command)}</code></footer>
 <script type="application/json" id="report-data">{payload}</script>
 </body></html>

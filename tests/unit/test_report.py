@@ -44,3 +44,29 @@ def test_the_page_escapes_what_it_shows_and_embeds_the_data_intact(tmp_path: Pat
     text = page.render(doc, [], tmp_path, "lingjun-slurm report r1")
     assert "<script>alert(1)" not in text and text.count("<script") == 1
     assert page.embedded_data(text) == doc
+
+
+def test_nccl_test_reports_attached_to_the_run(tmp_path: Path) -> None:
+    """A real report.json, written by `nccl-test --report` from a public all_reduce output
+    (tests/fixtures/nccl/deepops_dgx_a100_4node_all_reduce.txt, SOURCES.md there)."""
+    import subprocess
+    import sys
+
+    from lingjun_slurm.transport.local import LocalTransport
+
+    repo = Path(__file__).resolve().parents[2]
+    target = tmp_path / "run" / "nccl-tests" / "a100"
+    target.mkdir(parents=True)
+    (tmp_path / "run" / "nccl-tests" / "stray-file").write_text("not a report")
+    proc = subprocess.run([sys.executable, "-m", "lingjun_slurm.cli", "nccl-test", "--report",
+                           str(repo / "tests/fixtures/nccl/deepops_dgx_a100_4node_all_reduce.txt"),
+                           "--report-json", str(target / "report.json"), "--no-chart"],
+                          capture_output=True, text=True, cwd=repo)
+    assert proc.returncode == 0, proc.stderr
+    real = json.loads((target / "report.json").read_text())
+    [got] = data.nccl_tests(LocalTransport(), str(tmp_path / "run"))
+    [op] = got["ops"]
+    busbw = [r["busbw_out"] for r in real["ops"][0]["rows"] if r["busbw_out"] is not None]
+    assert got["name"] == "a100" and op["op"] == "all_reduce" and op["peak_busbw"] == max(busbw)
+    assert op["verdict"] == real["ops"][0]["verdict"]
+    assert data.nccl_tests(LocalTransport(), str(tmp_path / "none")) == []
