@@ -22,21 +22,31 @@ def report(run: str, outdir: Optional[Path], host: Optional[str], cluster: Optio
     """Write a run's report: loss, validation loss, learning rate, tokens/s and MFU curves, the
     stages' queue wait, run time, requeues and restarts, and the checkpoints; the data it shows
     is embedded in the page as JSON. A remote run is read over SSH; the page is written here."""
-    from .errors import UsageError
+    import time
+
+    from .errors import EXIT_FAILURE, UsageError
     from .report import charts, data, page
     from .status import StatusCollector
 
+    charts._pyplot()  # no matplotlib: one line, before anything is written
     with Connections(destination(host, cluster, accept_new_host_key)) as conns:
         _entry, t, m = open_run(run, conns)
         status = StatusCollector(t).collect([m])[0]
-        doc = data.collect(t, m, status)
+        doc = data.finite(data.collect(t, m, status))
     out = outdir or Path(f"report-{m.run_id}")
+    argv = ["lingjun-slurm", "report", run] + (["-o", str(outdir)] if outdir else []) + \
+        (["--host", host] if host else []) + (["--cluster", cluster] if cluster else [])
     try:
         out.mkdir(parents=True, exist_ok=True)
-        names = charts.draw(doc, out)
-        argv = ["lingjun-slurm", "report", run] + (["-o", str(outdir)] if outdir else [])
-        (out / "index.html").write_text(page.render(doc, names, out, shlex.join(argv)), encoding="utf-8")
-        (out / "report-data.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        names = charts.draw(doc, out, time.time())
+        (out / "index.html").write_text(page.render(data.thinned(doc), names, out, shlex.join(argv)),
+                                        encoding="utf-8")
+        (out / "report-data.json").write_text(json.dumps(doc, indent=1, sort_keys=True, allow_nan=False) + "\n",
+                                              encoding="utf-8")
     except OSError as exc:
         raise UsageError(f"cannot write the report into {out}: {exc.strerror or exc}") from None
     click.echo(f"{out / 'index.html'} ({len(names)} charts; data: {out / 'report-data.json'})")
+    if doc["run"].get("slurm_error"):  # as status: shown, then exit 1
+        click.echo(f"lingjun-slurm: Slurm did not answer: {doc['run']['slurm_error']}; the stages' states in the "
+                   "report are UNKNOWN", err=True)
+        raise SystemExit(EXIT_FAILURE)

@@ -167,10 +167,12 @@ def check(shape: Shape, layout: Layout, recompute: Recompute) -> None:
         raise PlanError(f"seq_length {shape.seq_length} does not split over context {layout.context}")
     if recompute.granularity == "full" and (recompute.method not in ("uniform", "block") or not recompute.num_layers):
         raise PlanError("full recompute needs a method (uniform or block) and num_layers")
+    # megatron-core steps through one model chunk's layers (TransformerBlock.layers: L / (PP x V))
+    block = shape.num_layers // chunks
     if recompute.granularity == "full" and recompute.method == "uniform" and recompute.num_layers and \
-            (shape.num_layers // p) % recompute.num_layers:
+            block % recompute.num_layers:
         raise PlanError(f"uniform recompute of {recompute.num_layers} layers per chunk does not divide the "
-                        f"{shape.num_layers // p} layers of a pipeline stage")
+                        f"{block} layers of a model chunk")
 
 
 def layer_parameters(shape: Shape, tensor: int) -> int:

@@ -26,8 +26,9 @@ def _pyplot() -> Any:
     return plt
 
 
-def draw(doc: dict[str, Any], out: Path) -> list[str]:
-    """Write the charts the data has into out/; their file names, in page order."""
+def draw(doc: dict[str, Any], out: Path, now: float) -> list[str]:
+    """Write the charts the data has into out/; their file names, in page order. now: where a
+    running attempt's bar ends."""
     plt = _pyplot()
     m = doc["metrics"]
     train, evals = m["train"], m["eval"]
@@ -39,39 +40,44 @@ def draw(doc: dict[str, Any], out: Path) -> list[str]:
         plt.close(fig)
         written.append(name)
 
+    def series(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+        """(iterations, values) of the records whose `key` is a number (older or hand-made records
+        may lack one; a diverged loss is null in the document)."""
+        pts = [(r["iteration"], r[key]) for r in records
+               if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
+        return [a for a, _ in pts], [b for _, b in pts]
+
     if train:
-        it = [r["iteration"] for r in train]
         fig, ax = plt.subplots(figsize=(8, 4))
-        ax.plot(it, [r["loss"] for r in train], label="train loss", color="tab:blue")
+        ax.plot(*series(train, "loss"), label="train loss", color="tab:blue")
         if evals:
-            ax.plot([r["iteration"] for r in evals], [r["loss"] for r in evals], "o-", label="validation loss",
-                    color="tab:orange")
+            ax.plot(*series(evals, "loss"), "o-", label="validation loss", color="tab:orange")
         ax.set_xlabel("iteration")
         ax.set_ylabel("loss")
         ax.grid(alpha=0.3)
         ax.legend()
         save(fig, "loss.png")
         fig, ax = plt.subplots(figsize=(8, 3))
-        ax.plot(it, [r["lr"] for r in train], color="tab:purple")
+        ax.plot(*series(train, "lr"), color="tab:purple")
         ax.set_xlabel("iteration")
         ax.set_ylabel("learning rate")
         ax.grid(alpha=0.3)
         save(fig, "lr.png")
         fig, ax = plt.subplots(figsize=(8, 3))
-        ax.plot(it, [r["tokens_per_s"] for r in train], color="tab:green", label="tokens/s")
+        ax.plot(*series(train, "tokens_per_s"), color="tab:green", label="tokens/s")
         ax.set_xlabel("iteration")
         ax.set_ylabel("tokens/s (global)")
         ax.grid(alpha=0.3)
-        mfu = [(r["iteration"], r["mfu"]) for r in train if isinstance(r.get("mfu"), (int, float))]
+        its, mfu = series(train, "mfu")
         if mfu:
             ax2 = ax.twinx()
-            ax2.plot([a for a, _ in mfu], [100 * b for _, b in mfu], color="tab:red", label="MFU")
+            ax2.plot(its, [100 * b for b in mfu], color="tab:red", label="MFU")
             ax2.set_ylabel("MFU (%)")
         save(fig, "throughput.png")
-        mem = [(r["iteration"], r["max_memory_allocated"]) for r in train if "max_memory_allocated" in r]
+        its, mem = series(train, "max_memory_allocated")
         if mem:
             fig, ax = plt.subplots(figsize=(8, 3))
-            ax.plot([a for a, _ in mem], [b / 2 ** 30 for _, b in mem], color="tab:brown")
+            ax.plot(its, [b / 2 ** 30 for b in mem], color="tab:brown")
             ax.set_xlabel("iteration")
             ax.set_ylabel("GPU memory peak (GiB)")
             ax.grid(alpha=0.3)
@@ -85,9 +91,15 @@ def draw(doc: dict[str, Any], out: Path) -> list[str]:
                 ax.barh(row, s["started_at"] - s["submitted_at"], left=s["submitted_at"] - t0, color="lightgray",
                         edgecolor="gray")
             for a in s["attempts"]:
-                end = a["end"] if a["end"] is not None else a["start"]
-                ax.barh(row, max(end - a["start"], 0.5), left=a["start"] - t0,
-                        color=STATE_COLORS.get(s["state"] or "", "tab:blue"), edgecolor="black", linewidth=0.5)
+                end = a["end"] if a["end"] is not None else now  # still running: up to now
+                if a["end"] is None:
+                    color = STATE_COLORS["RUNNING"]
+                elif a["exit_code"] == 0:
+                    color = STATE_COLORS["COMPLETED"]
+                else:  # an attempt that failed or was signalled, though a requeue may have completed
+                    color = STATE_COLORS["FAILED"] if (a["exit_code"] or 0) <= 128 else STATE_COLORS["CANCELLED"]
+                ax.barh(row, max(end - a["start"], 0.5), left=a["start"] - t0, color=color, edgecolor="black",
+                        linewidth=0.5)
         ax.set_yticks(range(len(stages)))
         ax.set_yticklabels([s["name"] for s in reversed(stages)])
         ax.set_xlabel("seconds since the first submit (gray: waiting in the queue or on dependencies; "

@@ -67,12 +67,13 @@ def attempts(text: str) -> list[dict[str, Any]]:
     return out
 
 
-def stage_timeline(t: Any, run_dir: str, rec: Any) -> dict[str, Any]:
-    """Submit time, attempts and the queue wait / run time of one stage (its current jobs)."""
-    try:
-        names = t.listdir(f"{run_dir}/jobs")
-    except (FileNotFoundError, OSError):
-        names = []
+def stage_timeline(t: Any, run_dir: str, rec: Any, names: list[str]) -> dict[str, Any]:
+    """Submit time, attempts and the queue wait / run time of one stage (its current jobs).
+    names: the files in <run_dir>/jobs/, listed once for the run.
+
+    submitted_at is the clock of the machine that ran submit, the markers the compute node's: the
+    wait includes their difference (NTP keeps it well under a second on a managed cluster; a
+    laptop's clock over --host may be off by more)."""
     runs: list[dict[str, Any]] = []
     for job in rec.job_ids:
         for key in sorted(n for n in names if n == job or n.startswith(f"{job}_")):
@@ -80,12 +81,15 @@ def stage_timeline(t: Any, run_dir: str, rec: Any) -> dict[str, Any]:
                 text = t.read_text(f"{run_dir}/jobs/{key}")
             except (FileNotFoundError, OSError):
                 continue
-            for a in attempts(text):
-                runs.append({"job": key, **a})
+            tries = attempts(text)
+            for a, after in zip(tries, tries[1:]):
+                if a["end"] is None:  # killed without an end line (SIGKILL, a lost node), then requeued
+                    a["end"] = after["start"]
+            runs += [{"job": key, **a} for a in tries]
     starts = [a["start"] for a in runs]
     ends = [a["end"] for a in runs if a["end"] is not None]
     first = min(starts) if starts else None
-    last = max(ends) if ends and len(ends) == len(runs) else None
+    last = max(ends) if ends and len(ends) == len(runs) else None  # None while an attempt runs
     # The markers count whole seconds (date +%s) and submitted_at does not: a wait under a
     # second can come out negative, and is 0.
     return {"submitted_at": rec.submitted_at, "attempts": runs, "started_at": first, "ended_at": last,
@@ -158,6 +162,10 @@ def collect(t: Any, manifest: Any, status: Any) -> dict[str, Any]:
     except (FileNotFoundError, OSError):
         text = ""
     states = {s.name: s for s in status.stages}
+    try:
+        names = t.listdir(f"{run_dir}/jobs")
+    except (FileNotFoundError, NotADirectoryError, OSError):
+        names = []
     stages = []
     for rec in manifest.stages:
         st = states.get(rec.name)
@@ -165,12 +173,13 @@ def collect(t: Any, manifest: Any, status: Any) -> dict[str, Any]:
                        "previous_attempts": len(rec.previous),
                        "state": st.state if st else None, "reason": st.reason if st else None,
                        "exit_code": st.exit_code if st else None, "restarts": st.restarts if st else 0,
-                       "nodes": st.nodes if st else None, **stage_timeline(t, run_dir, rec)})
+                       "nodes": st.nodes if st else None, **stage_timeline(t, run_dir, rec, names)})
     ckpt_dir = _checkpoint_dir(t, run_dir)
     local = getattr(t, "kind", "local") == "local"
     return {"schema": SCHEMA,
             "run": {"run_id": manifest.run_id, "name": manifest.name, "executor": manifest.executor,
-                    "host": manifest.transport.host, "run_dir": run_dir, "created_at": manifest.created_at},
+                    "host": manifest.transport.host, "run_dir": run_dir, "created_at": manifest.created_at,
+                    "slurm_error": getattr(status, "slurm_error", None)},
             "stages": stages,
             "metrics": metrics(text),
             "nccl_tests": nccl_tests(t, run_dir),
@@ -184,3 +193,29 @@ def _checkpoint_dir(t: Any, run_dir: str) -> Optional[str]:
     except (FileNotFoundError, OSError, ValueError):
         return None
     return plan.get("host_checkpoint_dir") or plan.get("checkpoint_dir") if isinstance(plan, dict) else None
+
+
+def finite(value: Any) -> Any:
+    """The document with every NaN / Infinity (a diverged loss, its ppl) as null: strict JSON,
+    which browsers' JSON.parse and other tools read (metrics.jsonl itself keeps them)."""
+    if isinstance(value, float):
+        return value if value == value and value not in (float("inf"), float("-inf")) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite(v) for v in value]
+    return value
+
+
+EMBED_POINTS = 5000  # train records the page embeds at most; report-data.json keeps every one
+
+
+def thinned(doc: dict[str, Any]) -> dict[str, Any]:
+    """The document the page embeds: for a long run every n-th train record and the last, so a
+    run of 500k iterations is not a page of 170 MB ("train_every": n says so)."""
+    train = doc["metrics"]["train"]
+    if len(train) <= EMBED_POINTS:
+        return doc
+    every = -(-len(train) // EMBED_POINTS)
+    keep = train[::every] + ([train[-1]] if (len(train) - 1) % every else [])
+    return {**doc, "metrics": {**doc["metrics"], "train": keep, "train_every": every}}

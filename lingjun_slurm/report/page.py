@@ -56,8 +56,17 @@ def render(doc: dict[str, Any], charts: list[str], out: Path, command: str) -> s
     summary = [["run id", run["run_id"]], ["name", run["name"]], ["executor", run["executor"]],
                ["host", run["host"]], ["run directory", run["run_dir"]], ["created", _when(run["created_at"])]]
     if last:
-        summary += [["last iteration", last["iteration"]], ["last loss", f"{last['loss']:.4f}"],
-                    ["tokens/s (median)", f"{sorted(r['tokens_per_s'] for r in train)[len(train) // 2]:,.0f}"]]
+        summary.append(["last iteration", last["iteration"]])
+        if isinstance(last.get("loss"), (int, float)):
+            summary.append(["last loss", f"{last['loss']:.4f}"])
+        tps = sorted(r["tokens_per_s"] for r in train if isinstance(r.get("tokens_per_s"), (int, float)))
+        if tps:
+            summary.append(["tokens/s (median)", f"{tps[len(tps) // 2]:,.0f}"])
+    if run.get("slurm_error"):
+        summary.append(["Slurm", f"did not answer: {run['slurm_error']} (states are UNKNOWN)"])
+    every = doc["metrics"].get("train_every")
+    if every:
+        summary.append(["embedded data", f"every {every}th train record (report-data.json has all)"])
     stages = _table(["stage", "state", "jobs", "submitted", "queue wait", "run time", "attempts", "requeues",
                      "restarts", "exit", "reason"],
                     [[s["name"], s["state"], " ".join(s["job_ids"]), _when(s["submitted_at"]),
@@ -95,7 +104,8 @@ def render(doc: dict[str, Any], charts: list[str], out: Path, command: str) -> s
                        "</figure>")
     # No "<", ">" or "&" inside the script element at all (JSON escapes them): nothing in the data
     # can end it or switch the parser's script-data states (HTML Living Standard 13.2.5.4 ff.).
-    payload = json.dumps(doc, sort_keys=True).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    payload = json.dumps(doc, sort_keys=True, allow_nan=False)
+    payload = payload.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{e(run['run_id'])}: lingjun-slurm report</title>
 <style>

@@ -70,7 +70,16 @@ def tensorboard_writer(run_dir: str) -> Any:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
         return None
-    return SummaryWriter(log_dir=os.path.join(run_dir, TENSORBOARD_DIR), max_queue=1000)
+    except Exception as exc:  # a tensorboard that does not import with this protobuf / setuptools
+        log.warning("tensorboard is installed but does not import (%s: %s): no TensorBoard event files",
+                    type(exc).__name__, exc)
+        return None
+    try:
+        # flush_secs: a killed job (SIGKILL, a lost node) loses at most half a minute of events
+        return SummaryWriter(log_dir=os.path.join(run_dir, TENSORBOARD_DIR), max_queue=1000, flush_secs=30)
+    except Exception as exc:
+        log.warning("cannot write TensorBoard event files into %s: %s", run_dir, exc)
+        return None
 
 
 class Metrics:
@@ -137,7 +146,9 @@ class Metrics:
         self.record("eval", iteration=iteration, loss=loss, ppl=ppl, eval_iters=eval_iters)
         if self._tb is not None:
             self._tb.add_scalar("lm loss validation", loss, iteration)
-            self._tb.add_scalar("lm loss validation ppl", ppl, iteration)
+            # Megatron-LM's ppl is exp(min(20, loss)) (training.py:3257 at core_v0.16.1)
+            self._tb.add_scalar("lm loss validation ppl", math.exp(min(20.0, loss)) if math.isfinite(loss) else ppl,
+                                iteration)
         log.info(f"validation at iteration {iteration} | loss {loss:.6f} | ppl {ppl:.3f}")
 
     def close(self) -> None:

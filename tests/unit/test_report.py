@@ -70,3 +70,51 @@ def test_nccl_test_reports_attached_to_the_run(tmp_path: Path) -> None:
     assert got["name"] == "a100" and op["op"] == "all_reduce" and op["peak_busbw"] == max(busbw)
     assert op["verdict"] == real["ops"][0]["verdict"]
     assert data.nccl_tests(LocalTransport(), str(tmp_path / "none")) == []
+
+
+def test_a_diverged_loss_is_null_and_the_json_strict(tmp_path: Path) -> None:
+    """The trainer writes NaN (allow_nan); browsers' JSON.parse rejects it: null in the report."""
+    doc = data.finite({"metrics": {"train": [{"iteration": 1, "loss": float("nan"), "lr": float("inf")}]}})
+    assert doc == {"metrics": {"train": [{"iteration": 1, "loss": None, "lr": None}]}}
+    json.dumps(doc, allow_nan=False)
+
+
+def test_a_long_run_embeds_every_nth_record_and_the_last() -> None:
+    train = [{"iteration": i, "loss": 1.0} for i in range(1, 12_346)]
+    doc = {"metrics": {"train": train, "eval": []}}
+    got = data.thinned(doc)
+    kept = got["metrics"]["train"]
+    assert len(kept) <= data.EMBED_POINTS + 1 and kept[0]["iteration"] == 1 and kept[-1]["iteration"] == 12_345
+    assert got["metrics"]["train_every"] == 3 and doc["metrics"]["train"] is train  # the full one is untouched
+    assert data.thinned({"metrics": {"train": train[:10]}})["metrics"]["train"] == train[:10]
+
+
+def test_an_attempt_killed_without_an_end_line_ends_at_the_requeue() -> None:
+    """A SIGKILL or a lost node leaves a start without an end; the requeued attempt that follows
+    completes: the stage has a run time, and the first attempt ends where the second starts."""
+    from types import SimpleNamespace
+
+    from lingjun_slurm.transport.local import LocalTransport
+
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "jobs").mkdir()
+        (Path(tmp) / "jobs" / "7").write_text("start 100 0 n1\nstart 300 1 n2\nend 400 0\n")
+        rec = SimpleNamespace(job_ids=["7"], submitted_at=90.0)
+        got = data.stage_timeline(LocalTransport(), tmp, rec, ["7"])
+    assert [(a["start"], a["end"]) for a in got["attempts"]] == [(100.0, 300.0), (300.0, 400.0)]
+    assert got["run_s"] == 300.0 and got["queue_wait_s"] == 10.0 and got["requeues"] == 1
+
+
+def test_charts_skip_what_a_record_lacks(tmp_path: Path) -> None:
+    from lingjun_slurm.report import charts
+
+    doc = {"metrics": {"train": [{"iteration": 1, "loss": 2.0}, {"iteration": 2, "loss": None, "lr": 0.1,
+                                                                 "tokens_per_s": 5.0}],
+                       "eval": [], "save": [], "events": []},
+           "stages": [{"name": "train", "state": "RUNNING", "submitted_at": 1.0, "started_at": 2.0,
+                       "attempts": [{"start": 2.0, "end": None, "exit_code": None}]}]}
+    names = charts.draw(doc, tmp_path, now=10.0)
+    assert names == ["loss.png", "lr.png", "throughput.png", "timeline.png"]
+    assert all((tmp_path / n).stat().st_size > 1000 for n in names)
