@@ -334,6 +334,9 @@ def test_status_skips_runs_whose_directory_is_gone_and_forget_drops_them(tmp_pat
     other = chain_spec(tmp_path / "t.yaml", tmp_path / "work2", [{"name": "one", "command": "true"}])
     keep = submitted_run_id(cli("submit", str(spec), "--executor", "slurm", env=env).stdout)
     gone = submitted_run_id(cli("submit", str(other), "--executor", "slurm", env=env).stdout)
+    # Its job writes markers and logs into the run directory while it runs: removing the
+    # directory under it raced that ("Directory not empty" in CI). Remove it once the job ended.
+    wait_for(gone, env, all_ended)
     shutil.rmtree(tmp_path / "work2" / "runs" / gone)
     proc = cli("status", env=env)
     assert keep in proc.stdout and f"skipping run {gone}" in proc.stderr

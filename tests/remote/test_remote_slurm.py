@@ -155,6 +155,16 @@ def test_submit_status_logs_over_one_connection_each(laptop: Laptop) -> None:
     assert json.loads((mirror / "status.json").read_text())["run"]["stages"][1]["state"] == "COMPLETED"
     proc, logins = laptop.counted("logs", run_id, "b")
     assert logins == 1 and f"b ran in {run_dir}" in proc.stdout
+    # The report of a remote run (issue 16 item 4): read over one SSH connection, written here.
+    out = laptop.root / "report"
+    proc, logins = laptop.counted("report", run_id, "-o", str(out))
+    assert logins == 1 and str(out / "index.html") in proc.stdout and (out / "timeline.png").is_file()
+    doc = json.loads((out / "report-data.json").read_text())
+    assert doc["run"]["host"] == "lingjun-test" and doc["run"]["run_dir"] == str(run_dir)
+    assert [(s["name"], s["state"]) for s in doc["stages"]] == [("a", "COMPLETED"), ("b", "COMPLETED")]
+    assert all(s["attempts"] and s["attempts"][-1]["exit_code"] == 0 for s in doc["stages"])
+    assert doc["checkpoints"]["readable"] is False and doc["metrics"]["train"] == []
+    assert list(laptop.cwd.iterdir()) == []
     listed = laptop.cli("list").stdout  # offline: the index
     assert run_id in listed and "lingjun-test" in listed
     # Forgotten here (index entry and local copy), then found again from its directory on the cluster.
