@@ -14,6 +14,7 @@ from typing import Optional
 
 import click
 
+from .bytesfmt import human_bytes
 from .errors import UsageError
 
 DAY_S = 86400.0
@@ -31,14 +32,6 @@ def _cache_dir(spec_file: Optional[Path], cache_dir: Optional[Path]) -> Path:
     assert spec_file is not None
     spec = load_spec(spec_file).spec
     return Path(container_plan(spec, spec.run.name, spec.container.runtime == "pyxis").cache_dir)
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
 
 
 SPEC = click.argument("spec_file", required=False, type=click.Path(path_type=Path, dir_okay=False))
@@ -65,10 +58,10 @@ def list_images(spec_file: Optional[Path], cache_dir: Optional[Path], as_json: b
                                "images": [e.__dict__ for e in entries],
                                "partial": [str(p) for p in partials]}, indent=2))
         return
-    click.echo(f"{cache.root}: {len(entries)} image(s), {_size(sum(e.size for e in entries))}")
+    click.echo(f"{cache.root}: {len(entries)} image(s), {human_bytes(sum(e.size for e in entries))}")
     for e in entries:
         used = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.last_used))
-        click.echo(f"  {e.digest[:19]}  {_size(e.size):>10}  last used {used}  {e.image}")
+        click.echo(f"  {e.digest[:19]}  {human_bytes(e.size):>10}  last used {used}  {e.image}")
     for p in partials:
         click.echo(f"  (import in progress or interrupted: {p.name})")
 
@@ -103,10 +96,10 @@ def prune(spec_file: Optional[Path], cache_dir: Optional[Path], days: float, dig
     freed = 0
     for e in chosen:
         if dry_run:
-            click.echo(f"would remove {e.digest} ({e.image}, {_size(e.size)})")
+            click.echo(f"would remove {e.digest} ({e.image}, {human_bytes(e.size)})")
             freed += e.size
         elif cache.remove(e.digest):
-            click.echo(f"removed {e.digest} ({e.image}, {_size(e.size)})")
+            click.echo(f"removed {e.digest} ({e.image}, {human_bytes(e.size)})")
             freed += e.size
         else:
             click.echo(f"kept {e.digest}: it is being imported")
@@ -119,4 +112,4 @@ def prune(spec_file: Optional[Path], cache_dir: Optional[Path], days: float, dig
             click.echo(f"{'would remove' if dry_run else 'removed'} interrupted import {p.name}")
             if not dry_run:
                 p.unlink(missing_ok=True)
-    click.echo(f"{'would free' if dry_run else 'freed'} {_size(freed)}")
+    click.echo(f"{'would free' if dry_run else 'freed'} {human_bytes(freed)}")

@@ -53,14 +53,15 @@ def fit_warning(spec: Any, plan_obj: Any, source: str) -> tuple[str, bool] | Non
     """(message, certain) when the train stage does not fit its GPU, else None. Nothing is
     estimated when the GPU cannot be known (planning.gpu unset, a profile without one GPU type):
     then there is nothing to compare with, and validate stays as fast as it was."""
+    from .bytesfmt import human_bytes
     from .gpus import PROFILE_GPUS
-    from .planner.estimate import _gib, _profile, make
+    from .planner.estimate import make, train_profile
     from .planner.memory import PlanError
     from .train import TrainError
 
     if not any(st.kind == "train" for st in plan_obj.stages):
         return None
-    if not spec.planning.gpu and _profile(plan_obj) not in PROFILE_GPUS:
+    if not spec.planning.gpu and train_profile(plan_obj) not in PROFILE_GPUS:
         return None
     try:
         est = make(plan_obj, spec.planning, read_tokenizer=False)
@@ -80,8 +81,8 @@ def fit_warning(spec: Any, plan_obj: Any, source: str) -> tuple[str, bool] | Non
                       f"sequence_parallel {str(r['sequence_parallel']).lower()}")
     gpu = est.inputs.gpu
     assert gpu is not None
-    msg = (f"{source}: the train stage needs {_gib(est.memory.total)} per GPU, over the {_gib(est.usable_bytes or 0)} "
-           f"usable on {gpu.name} ({est.inputs.margin:.0%} margin): it does not fit"
+    msg = (f"{source}: the train stage needs {human_bytes(est.memory.total)} per GPU, over the "
+           f"{human_bytes(est.usable_bytes or 0)} usable on {gpu.name} ({est.inputs.margin:.0%} margin): it does not fit"
            + (f"; try {' and '.join(advice)}" if advice else f"; {r.get('reason', '')}")
            + f" (lingjun-slurm plan {source})")
     if est.inputs.unknown:

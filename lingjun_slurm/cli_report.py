@@ -28,7 +28,7 @@ def report(run: str, outdir: Optional[Path], host: Optional[str], cluster: Optio
     from .report import charts, data, page
     from .status import StatusCollector
 
-    charts._pyplot()  # no matplotlib: one line, before anything is written
+    charts.pyplot()  # no matplotlib: one line, before anything is written
     with Connections(destination(host, cluster, accept_new_host_key)) as conns:
         _entry, t, m = open_run(run, conns)
         status = StatusCollector(t).collect([m])[0]

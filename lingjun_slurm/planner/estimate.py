@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
+from ..bytesfmt import human_bytes
 from ..gpus import GPU, GPUS, PROFILE_GPUS
 from .memory import Breakdown, Layout, PlanError, Recompute, Shape, estimate
 
@@ -41,6 +42,8 @@ class Inputs:
     said: dict[str, Any] = field(default_factory=dict)  # input -> {"value", "source"}
     unknown: tuple[str, ...] = ()
     cpu: bool = False  # no GPUs: the CPU's kernels (memory.py cpu=True), host memory
+    vocab_size: int = 0  # the tokenizer's, before padding (the recommendation pads it for another TP)
+    model: Any = None  # the trainer's ModelSettings (train/settings.py), for the FLOPs
 
 
 @dataclass(frozen=True)
@@ -206,7 +209,7 @@ def inputs(plan: Any, planning: Any, read_tokenizer: bool = True) -> Inputs:
     say("attention", attention, asource)
     say("transformer_engine", te, "planning.transformer_engine" if te is not None else "unknown")
 
-    profile = _profile(plan)
+    profile = train_profile(plan)
     gpu_name = None if cpu else planning.gpu or PROFILE_GPUS.get(profile or "")
     gpu = GPUS.get(gpu_name) if gpu_name else None
     gsource = ("planning.gpu" if planning.gpu else f"network profile {profile}") if gpu else \
@@ -225,10 +228,12 @@ def inputs(plan: Any, planning: Any, read_tokenizer: bool = True) -> Inputs:
     return Inputs(shape=shape, layout=layout, recompute=recompute, precision=t.precision, attention=attention,
                   gpu=gpu, world_size=world, gpus_per_node=res.gpus_per_node or res.tasks_per_node,
                   iterations=t.iterations, global_batch=p.global_batch, margin=planning.margin, mfu=planning.mfu,
-                  storage_gbps=planning.storage_gbps, said=said, unknown=tuple(unknown), cpu=cpu)
+                  storage_gbps=planning.storage_gbps, said=said, unknown=tuple(unknown), cpu=cpu,
+                  vocab_size=vocab, model=m)
 
 
-def _profile(plan: Any) -> Optional[str]:
+def train_profile(plan: Any) -> Optional[str]:
+    """The network profile of the plan's train stage, if it has one."""
     train = next((st for st in plan.stages if st.kind == "train"), None)
     net = getattr(train, "network", None)
     return getattr(net, "profile", None) if net is not None else None
@@ -250,12 +255,13 @@ def recommend(i: Inputs, current: Breakdown) -> Optional[dict[str, Any]]:
     if current.total <= usable:
         return None
     layers = i.shape.num_layers // i.layout.pipeline
+    need = f"needs {human_bytes(current.total)} of {human_bytes(usable)} usable"
     found = _fewest_block_layers(i, i.shape, i.layout, usable)
     if found is not None:
         n, got = found
         return _advice(Recompute("full", "block", n), i.layout, got,
-                       f"needs {_gib(current.total)} of {_gib(usable)} usable; full recompute of {n} of "
-                       f"{layers} layers per pipeline stage brings it to {_gib(got.total)}")
+                       f"{need}; full recompute of {n} of {layers} layers per pipeline stage brings it to "
+                       f"{human_bytes(got.total)}")
     for tp, pp in _layouts(i):
         moved = _relayout(i, tp, pp)
         if moved is None:
@@ -266,18 +272,17 @@ def recommend(i: Inputs, current: Breakdown) -> Optional[dict[str, Any]]:
         except PlanError:  # e.g. a uniform recompute chunk that does not divide the new stage
             got = None
         if got is not None and got.total <= usable:
-            return _advice(i.recompute, layout, got, f"needs {_gib(current.total)} of {_gib(usable)} usable; "
-                           f"tensor {tp} x pipeline {pp} brings it to {_gib(got.total)}")
+            return _advice(i.recompute, layout, got,
+                           f"{need}; tensor {tp} x pipeline {pp} brings it to {human_bytes(got.total)}")
         found = _fewest_block_layers(i, shape, layout, usable)
         if found is not None:
             n, got = found
             return _advice(Recompute("full", "block", n), layout, got,
-                           f"needs {_gib(current.total)} of {_gib(usable)} usable; recompute alone is not enough: "
-                           f"tensor {tp} x pipeline {pp} with full recompute of {n} of {i.shape.num_layers // pp} "
-                           f"layers per stage brings it to {_gib(got.total)}")
+                           f"{need}; recompute alone is not enough: tensor {tp} x pipeline {pp} with full recompute "
+                           f"of {n} of {i.shape.num_layers // pp} layers per stage brings it to {human_bytes(got.total)}")
     return {"recompute": None, "tensor": None, "pipeline": None, "sequence_parallel": None,
-            "reason": f"needs {_gib(current.total)} of {_gib(usable)} usable; no recompute, tensor or pipeline "
-                      f"size on {i.world_size} GPUs fits: more GPUs, a smaller micro_batch or seq_length"}
+            "reason": f"{need}; no recompute, tensor or pipeline size on {i.world_size} GPUs fits: more GPUs, a "
+                      "smaller micro_batch or seq_length"}
 
 
 def _fewest_block_layers(i: Inputs, shape: Shape, layout: Layout, usable: int) -> Optional[tuple[int, Breakdown]]:
@@ -319,8 +324,7 @@ def _relayout(i: Inputs, tp: int, pp: int) -> Optional[tuple[Shape, Layout]]:
     dp = i.world_size // mp
     if i.global_batch % (i.layout.micro_batch * dp):
         return None
-    vocab = i.said.get("vocab_size", {}).get("value") or i.shape.padded_vocab_size
-    shape = replace(i.shape, padded_vocab_size=padded_vocab_size(vocab, tp))
+    shape = replace(i.shape, padded_vocab_size=padded_vocab_size(i.vocab_size, tp))
     return shape, replace(i.layout, tensor=tp, pipeline=pp, data=dp, sequence_parallel=tp > 1,
                           num_microbatches=i.global_batch // (i.layout.micro_batch * dp))
 
@@ -332,33 +336,18 @@ def _advice(rc: Recompute, layout: Layout, got: Breakdown, reason: str) -> dict[
             "reason": reason, "per_gpu_bytes": got.per_gpu_bytes()["total"]}
 
 
-def _gib(n: float) -> str:
-    """Bytes in GiB, or MiB / KiB when smaller (the tiny models)."""
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{int(n)} B"
-
-
 def make(plan: Any, planning: Any, read_tokenizer: bool = True) -> Estimate:
     """The estimate for a Plan and the spec's planning section (PlanError: a layout that cannot work)."""
     from ..train.metrics import flops_per_sample
 
     i = inputs(plan, planning, read_tokenizer)
     got = _memory(i, i.recompute)
-    settings_model = _model_settings(plan)
-    flops = flops_per_sample(settings_model, i.shape.padded_vocab_size) * i.global_batch
+    flops = flops_per_sample(i.model, i.shape.padded_vocab_size) * i.global_batch
     params = _total_parameters(i)
     state = 12 if i.precision != "fp32" else 8
     return Estimate(inputs=i, memory=got, recommendation=recommend(i, got), flops_per_iteration=flops,
                     tokens_per_iteration=i.global_batch * i.shape.seq_length,
                     checkpoint_bytes=params * ({"bf16": 2, "fp16": 2, "fp32": 4}[i.precision] + state))
-
-
-def _model_settings(plan: Any) -> Any:
-    from ..train.settings import from_plan
-
-    return from_plan(plan.to_json()).model
 
 
 def _total_parameters(i: Inputs) -> int:
@@ -377,8 +366,8 @@ def format_text(e: Estimate) -> str:
     i, m = e.inputs, e.memory
     lines = [f"GPU memory per rank (pipeline stage {m.stage}, the most loaded; {m.parameters:,} parameters on it):"]
     for key in ("weights", "gradients", "optimizer", "activations"):
-        lines.append(f"  {key:<12} {_gib(getattr(m, key)):>12}")
-    lines.append(f"  {'total':<12} {_gib(m.total):>12}")
+        lines.append(f"  {key:<12} {human_bytes(getattr(m, key)):>12}")
+    lines.append(f"  {'total':<12} {human_bytes(m.total):>12}")
     if i.gpu is None and "gpu" not in i.unknown:
         lines.append("  no GPU: the train stage runs on the CPU (host memory; fits: not applicable)")
     elif i.gpu is None:
@@ -386,9 +375,9 @@ def format_text(e: Estimate) -> str:
     else:
         usable = e.usable_bytes or 0
         verdict = "fits" if e.fits else "does NOT fit"
-        lines.append(f"  {i.gpu.name}: {_gib(i.gpu.memory_bytes)}, {_gib(usable)} usable with a {i.margin:.0%} margin: "
-                     f"{verdict}")
-    terms = ", ".join(f"{k} {_gib(v)}" for k, v in m.activation_terms.items())
+        lines.append(f"  {i.gpu.name}: {human_bytes(i.gpu.memory_bytes)}, {human_bytes(usable)} usable with a "
+                     f"{i.margin:.0%} margin: {verdict}")
+    terms = ", ".join(f"{k} {human_bytes(v)}" for k, v in m.activation_terms.items())
     lines.append(f"  activations: {terms} ({i.attention} attention, recompute {i.recompute.granularity or 'none'})")
     lay = i.layout
     lines.append(f"layout: world {i.world_size} = TP {lay.tensor} x PP {lay.pipeline} x CP {lay.context} x "
@@ -402,7 +391,7 @@ def format_text(e: Estimate) -> str:
                                             f"{step * i.iterations / 3600 * i.world_size:,.0f} GPU-hours to "
                                             f"{i.iterations:,} iterations"))
     save = e.checkpoint_bytes / (i.storage_gbps * GB)
-    lines.append(f"checkpoint: {_gib(e.checkpoint_bytes)}; one save {save:,.1f} s at {i.storage_gbps:g} GB/s")
+    lines.append(f"checkpoint: {human_bytes(e.checkpoint_bytes)}; one save {save:,.1f} s at {i.storage_gbps:g} GB/s")
     if e.recommendation:
         r = e.recommendation
         rc = r["recompute"]

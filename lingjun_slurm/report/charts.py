@@ -15,7 +15,8 @@ STATE_COLORS = {"COMPLETED": "tab:green", "RUNNING": "tab:blue", "FAILED": "tab:
                 "CANCELLED": "tab:gray", "PENDING": "tab:orange"}
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend; UsageError (exit 2) naming the extra without it."""
     try:
         import matplotlib
 
@@ -29,7 +30,7 @@ def _pyplot() -> Any:
 def draw(doc: dict[str, Any], out: Path, now: float) -> list[str]:
     """Write the charts the data has into out/; their file names, in page order. now: where a
     running attempt's bar ends."""
-    plt = _pyplot()
+    plt = pyplot()
     m = doc["metrics"]
     train, evals = m["train"], m["eval"]
     written: list[str] = []

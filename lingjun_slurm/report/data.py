@@ -101,10 +101,10 @@ def stage_timeline(t: Any, run_dir: str, rec: Any, names: list[str]) -> dict[str
                             for key in {a["job"] for a in runs})}
 
 
-def checkpoints(ckpt_dir: Optional[str]) -> dict[str, Any]:
-    """The run's checkpoints (this machine's view): iteration, files, bytes, manifest or not,
-    the tracker's iteration. Remote or missing: {"dir", "readable": false}."""
-    if not ckpt_dir or not os.path.isdir(ckpt_dir):
+def checkpoints(ckpt_dir: Optional[str], here: bool = True) -> dict[str, Any]:
+    """The run's checkpoints as this machine sees them: iteration, files, bytes, manifest or not,
+    the tracker's iteration. here=False (a remote run), or no such directory: {"dir", "readable": false}."""
+    if not here or not ckpt_dir or not os.path.isdir(ckpt_dir):
         return {"dir": ckpt_dir, "readable": False, "tracker": None, "iterations": []}
     from ..checkpoint import read_tracker
     from ..checkpoint.layout import dir_size, iterations
@@ -183,7 +183,7 @@ def collect(t: Any, manifest: Any, status: Any) -> dict[str, Any]:
             "stages": stages,
             "metrics": metrics(text),
             "nccl_tests": nccl_tests(t, run_dir),
-            "checkpoints": checkpoints(ckpt_dir if local else None) | ({} if local else {"dir": ckpt_dir})}
+            "checkpoints": checkpoints(ckpt_dir, here=local)}
 
 
 def _checkpoint_dir(t: Any, run_dir: str) -> Optional[str]:

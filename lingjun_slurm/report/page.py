@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..bytesfmt import human_bytes
 
 CAPTIONS = {"loss.png": "Training and validation loss", "lr.png": "Learning rate",
             "throughput.png": "Throughput (and MFU on GPUs)", "memory.png": "GPU memory peak",
@@ -32,12 +33,7 @@ def _secs(value: Any) -> str:
 
 
 def _size(n: Any) -> str:
-    if not isinstance(n, int):
-        return ""
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
+    return human_bytes(n) if isinstance(n, int) else ""
 
 
 def _table(head: list[str], rows: list[list[Any]]) -> str:

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -210,9 +211,8 @@ def test_render_compiles_each_template_once_then_reuses_the_code(env: dict[str, 
     assert _files(out) == cold
 
 
-def test_an_edited_template_is_compiled_again_never_served_stale(tmp_path: Path) -> None:
-    """Jinja keeps the source's SHA-1 in every cached file: an edit of the same size and mtime
-    (nothing but the content changed) still renders the new text."""
+def _one_template(tmp_path: Path) -> tuple[Path, Callable[[], str]]:
+    """templates/page.j2 ("one {{ x }}") and a render of it through a TemplateCodeCache in tmp_path/cache."""
     import jinja2
 
     from lingjun_slurm.render import TemplateCodeCache
@@ -228,6 +228,13 @@ def test_an_edited_template_is_compiled_again_never_served_stale(tmp_path: Path)
         env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates)), bytecode_cache=cache)
         return env.get_template("page.j2").render(x=1)
 
+    return page, render
+
+
+def test_an_edited_template_is_compiled_again_never_served_stale(tmp_path: Path) -> None:
+    """Jinja keeps the source's SHA-1 in every cached file: an edit of the same size and mtime
+    (nothing but the content changed) still renders the new text."""
+    page, render = _one_template(tmp_path)
     assert render() == "one 1"
     assert len(list((tmp_path / "cache").glob("*.cache"))) == 1
     assert render() == "one 1"  # from the cache
@@ -236,6 +243,21 @@ def test_an_edited_template_is_compiled_again_never_served_stale(tmp_path: Path)
     os.utime(page, ns=(before.st_atime_ns, before.st_mtime_ns))
     assert page.stat().st_size == before.st_size
     assert render() == "two 1"
+
+
+@pytest.mark.parametrize("garbage", [b"\x80\x04not a pickle", b"", b"\x80", b"\x00" * 64])
+def test_a_damaged_cache_file_is_compiled_again(tmp_path: Path, garbage: bytes) -> None:
+    """jinja2's Bucket.load_bytecode unpickles the source checksum after the magic header and
+    catches nothing around it: a file cut short or overwritten (a full disk, a crash, another
+    program) raised UnpicklingError/EOFError out of render (issue 15 item 5)."""
+    from jinja2.bccache import bc_magic
+
+    _, render = _one_template(tmp_path)
+    assert render() == "one 1"
+    [cached] = (tmp_path / "cache").glob("*.cache")
+    cached.write_bytes(bc_magic + garbage)
+    assert render() == "one 1"
+    assert cached.read_bytes().startswith(bc_magic) and len(cached.read_bytes()) > len(bc_magic) + len(garbage)
 
 
 def test_the_cache_directory_is_keyed_by_version_options_and_renderer(monkeypatch: pytest.MonkeyPatch,
