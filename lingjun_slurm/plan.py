@@ -290,8 +290,41 @@ def _builtin_commands(spec: Spec, kind: str) -> tuple[tuple[tuple[Word, ...], ..
         return tuple(cmds), {"shard_dir": shard_dir, "json_keys": list(spec.data.json_keys)}
     if kind == "train" and spec.training.entrypoint == "megatron-lm":
         assert spec.megatron_lm is not None
-        return ((PYTHON, f"{spec.megatron_lm.path}/pretrain_gpt.py", *megatron_args.pretrain_args(spec)),), {}
+        script = f"{spec.megatron_lm.path}/pretrain_gpt.py"
+        # With the shipped lingjun_slurm in the tasks, pyrun registers the stack dump the hang
+        # watchdog asks for (faulthandler on SIGUSR2) and then runs the script as python would.
+        runner: tuple[Word, ...] = (PYTHON, "-m", "lingjun_slurm.pyrun") if (
+            spec.run.ship_code and spec.training.hang_timeout) else (PYTHON,)
+        return ((*runner, script, *megatron_args.pretrain_args(spec)),), {}
     return (own,), {}
+
+
+def fault_vars(spec: Spec, res: StageResources, executor: str, launcher: tuple[Word, ...],
+               log_dir: str, job_name: str) -> dict[str, Any]:
+    """The train script's fault handling (docs/fault-tolerance.md): pre-flight on every node,
+    the hang watchdog, bad-node exclusion. `launcher` is the train step's srun (its container
+    flags start the pre-flight tasks in the same image)."""
+    tr = spec.training
+    slurm = executor == "slurm"
+    in_image = spec.training.entrypoint == "builtin" or spec.run.ship_code  # lingjun_slurm inside the tasks
+    preflight = slurm and in_image and (tr.preflight if tr.preflight is not None else bool(res.gpus_per_node))
+    watchdog = None
+    if tr.hang_timeout:
+        megatron = tr.entrypoint == "megatron-lm"
+        watchdog = {"format": "megatron" if megatron else "builtin",
+                    # Megatron-LM prints its iteration lines to the job's output (print_rank_last);
+                    # the builtin trainer appends one metrics.jsonl record per iteration on rank 0.
+                    "progress": f"{log_dir}/{job_name}-" if megatron else "metrics.jsonl",
+                    "timeout": tr.hang_timeout, "startup_timeout": tr.hang_startup_timeout,
+                    "log_interval": tr.log_interval, "stacks": in_image}
+    pre_launcher: tuple[Word, ...] = ()
+    if preflight:
+        pre_launcher = ("srun", Shell('--ntasks="$SLURM_JOB_NUM_NODES"'), "--ntasks-per-node=1",
+                        "--kill-on-bad-exit=0", "--time=10", *[w for w in launcher[1:] if not (
+                            isinstance(w, str) and w.startswith(("--kill-on-bad-exit", "--cpu-bind")))])
+    return {"preflight": preflight, "preflight_launcher": pre_launcher, "watchdog": watchdog,
+            "exclude_max": tr.exclude_bad_nodes if slurm else 0, "drain": tr.drain_bad_nodes and slurm,
+            "need": res.nodes}
 
 
 def _array(spec: Spec) -> str:
@@ -393,14 +426,18 @@ def build_plan(spec: Spec, *, run_id: str | None = None, spec_sha256: str = "", 
         if use_container:
             vars_ = {**vars_, "staged_image": cplan.staged, "container_prefix": cplan.name_prefix,
                      "image_key": cplan.image_key}
+        names = env_names(env, stage_net, kind == "train") + (
+            ["LINGJUN_SITE"] if kind != "command" and spec.run.ship_code else []) + (
+            ["LINGJUN_STACKS_DIR", "LINGJUN_NODES"] if kind == "train" else [])
+        launcher = (_launcher(spec, kind, sorted(names), use_container, cplan) if executor == "slurm"
+                    else local_launcher(res, kind))
+        if kind == "train":
+            vars_ = {**vars_, "faults": fault_vars(spec, res, executor, launcher, logs, job_name)}
         stages.append(StagePlan(
             name=name, kind=kind, script=f"{name}.sbatch", job_name=job_name,
             sbatch=_sbatch(spec, job_name, res, logs, array=array, dependent=bool(deps), train=kind == "train"),
             depends_on=deps, resources=res, env=env, network=stage_net,
-            launcher=(_launcher(spec, kind, env_names(env, stage_net, kind == "train")
-                                + (["LINGJUN_SITE"] if kind != "command" and spec.run.ship_code else []),
-                                use_container, cplan)
-                      if executor == "slurm" else local_launcher(res, kind)),
+            launcher=launcher,
             commands=cmds, container=use_container,
             array=array, vars={**vars_, "ship_code": kind != "command" and spec.run.ship_code and executor == "slurm"},
         ))

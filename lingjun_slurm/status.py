@@ -156,6 +156,7 @@ def aggregate(infos: list[JobInfo], now: float) -> tuple[str, Optional[str], Opt
 # shown in the stage's REASON while "job" is the stage's current job.
 STAGE_NOTES = "stage-notes"
 NOTED_STAGES = ("train",)
+EXCLUDED = "nodes/excluded.json"  # lingjun_slurm/exclusion.py RECORD
 # Notes of stages that have ended, by (path, job, restarts): they cannot change any more, so
 # `status --watch` reads each once (over SSH one SFTP read), not on every refresh. A requeue keeps
 # the job id and counts a restart: its next end is read afresh.
@@ -182,20 +183,42 @@ def _read_note(t: Optional[Transport], path: str, job_ids: list[str]) -> Optiona
     return None
 
 
+def _read_excluded(t: Optional[Transport], path: str, job_ids: list[str]) -> Optional[str]:
+    """The train job's excluded nodes and why (<run_dir>/nodes/excluded.json, lingjun_slurm/exclusion.py)."""
+    import json
+
+    from .exclusion import describe
+    from .transport.local import LocalTransport
+
+    try:
+        doc = json.loads((t or LocalTransport()).read_text(path))
+    except (OSError, ValueError, LingjunError):
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("nodes"), list):
+        return None
+    doc["nodes"] = [n for n in doc["nodes"] if isinstance(n, dict) and isinstance(n.get("node"), str)]
+    return describe(doc, job_ids)
+
+
 def _add_note(st: StageStatus, t: Optional[Transport], run_dir: str) -> None:
-    if st.name not in NOTED_STAGES or not run_dir or not st.job_ids or st.state in ("NOT_SUBMITTED", "PENDING"):
+    if st.name not in NOTED_STAGES or not run_dir or not st.job_ids or st.state in ("NOT_SUBMITTED",):
         return
-    path = f"{run_dir.rstrip('/')}/{STAGE_NOTES}/{st.name}.txt"
-    key = (path, st.job_ids[-1], st.restarts)
+    root = run_dir.rstrip('/')
     ended = st.state not in ACTIVE and st.state != "UNKNOWN"
-    if ended and key in _ENDED_NOTES:
-        note = _ENDED_NOTES[key]
-    else:
-        note = _read_note(t, path, st.job_ids)
-        if ended:
-            _ENDED_NOTES[key] = note
-    if note:
-        st.reason = f"{st.reason}; {note}" if st.reason and st.reason != "None" else note
+    # A pending job can still carry an exclusion (a requeue away from a bad node); notes need a start.
+    sources = [(f"{root}/{EXCLUDED}", _read_excluded)]
+    if st.state != "PENDING":
+        sources.insert(0, (f"{root}/{STAGE_NOTES}/{st.name}.txt", _read_note))
+    for path, read in sources:
+        key = (path, st.job_ids[-1], st.restarts)
+        if ended and key in _ENDED_NOTES:
+            note = _ENDED_NOTES[key]
+        else:
+            note = read(t, path, st.job_ids)
+            if ended:
+                _ENDED_NOTES[key] = note
+        if note:
+            st.reason = f"{st.reason}; {note}" if st.reason and st.reason != "None" else note
 
 
 def _explain_dependencies(run: RunStatus, manifest: Manifest) -> None:

@@ -289,6 +289,12 @@ def check_training(spec: Spec) -> list[Issue]:
         issues.append(Issue(loc + ("recompute", "method"), "recompute.method applies to granularity: full only"))
     if rc.granularity == "full" and (not rc.method or not rc.num_layers):
         issues.append(Issue(loc + ("recompute",), "full recompute needs method (uniform|block) and num_layers"))
+    if 0 < tr.hang_timeout < 10:
+        issues.append(Issue(loc + ("hang_timeout",), f"hang_timeout {tr.hang_timeout} s is below the watchdog's "
+                                                     "10 s resolution: give at least 10, or 0 for no watchdog"))
+    if tr.preflight and tr.entrypoint == "megatron-lm" and not spec.run.ship_code:
+        issues.append(Issue(loc + ("preflight",), "pre-flight runs lingjun_slurm inside the training image, which "
+                                                  "needs run.ship_code: true with entrypoint: megatron-lm"))
     if tr.extra_args and tr.entrypoint != "megatron-lm":
         issues.append(Issue(loc + ("extra_args",), "extra_args are pretrain_gpt.py arguments: "
                                                    "they need entrypoint: megatron-lm"))

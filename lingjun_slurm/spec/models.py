@@ -428,6 +428,35 @@ class TrainingSpec(SpecModel):
         description="Seconds before the time limit at which Slurm signals the job to save and exit.",
     )
     max_restarts: int = Field(default=3, ge=0, le=100, description="Requeues after a time-limit save.")
+    preflight: Optional[bool] = Field(
+        default=None,
+        description="Check every allocated node before training (GPUs, the image starting, the NCCL devices and "
+                    "interface against the node's sysfs, one shared workdir and checkpoint dir with room for two "
+                    "checkpoints, clocks); a failed node is excluded and the job requeued. Default: on when the "
+                    "train stage has GPUs (docs/fault-tolerance.md).",
+    )
+    hang_timeout: int = Field(
+        default=1800, ge=0, le=7 * 86400,
+        description="Seconds without a new iteration after which every rank's Python stacks are collected into the "
+                    "run directory and the step is ended, to resume from the last checkpoint; 0: no watchdog. "
+                    "Raised at run time to the log interval times the measured step time when that is longer.",
+    )
+    hang_startup_timeout: int = Field(
+        default=3600, ge=0, le=7 * 86400,
+        description="Seconds allowed before the first iteration (model build, checkpoint load, dataset indexes); "
+                    "0: no limit before the first iteration.",
+    )
+    exclude_bad_nodes: int = Field(
+        default=2, ge=0, le=1000,
+        description="At most this many nodes excluded from the job's requeues when a failure is attributed to "
+                    "them (pre-flight, a hang's stuck rank, a node failure), never so many that the job no longer "
+                    "fits its partition; 0: never exclude.",
+    )
+    drain_bad_nodes: bool = Field(
+        default=False,
+        description="Also drain an excluded node with the reason (scontrol needs Slurm operator rights, which the "
+                    "admin grants).",
+    )
     cpu_bind: Optional[Annotated[str, StringConstraints(pattern=CPU_BIND_RE)]] = Field(
         default=None,
         description="srun --cpu-bind for the train tasks: 'profile' (the network profile's published "
