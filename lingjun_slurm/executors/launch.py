@@ -3,7 +3,7 @@
     python3 -m lingjun_slurm.executors.launch --ntasks N [--kill-on-bad-exit] -- CMD...
 
 Each task gets what srun gives a task: SLURM_PROCID, SLURM_LOCALID, SLURM_NODEID, SLURM_NTASKS,
-SLURM_STEP_NUM_TASKS. SIGTERM/SIGINT are forwarded to every task; what the tasks leave behind is cleaned up by the
+SLURM_STEP_NUM_TASKS. SIGTERM/SIGINT/SIGUSR2 are forwarded to every task; what the tasks leave behind is cleaned up by the
 local runner, which stops the job's whole process group when the job ends. The exit status is the
 first non-zero task status (a signal N becomes 128+N); with --kill-on-bad-exit the other
 tasks are terminated as soon as one fails, as `srun --kill-on-bad-exit=1` does.
@@ -45,6 +45,7 @@ def launch(ntasks: int, argv: list[str], kill_on_bad_exit: bool = False, grace_s
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGUSR2, forward)  # the hang watchdog's "dump your stacks" (lingjun_slurm.stacks), as srun does
     first_bad = 0
     killed_at: Optional[float] = None
     while True:

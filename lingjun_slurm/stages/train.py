@@ -19,6 +19,9 @@ import traceback
 
 def main(plan: dict) -> int:
     """0: trained to the last iteration, or saved and stopped on SIGTERM; 1: an error (message on stderr)."""
+    from .. import stacks
+
+    stacks.install()  # SIGUSR2 -> every thread's traceback into $LINGJUN_STACKS_DIR (the hang watchdog)
     from ..train import TrainError
     from ..train.settings import from_plan
 
