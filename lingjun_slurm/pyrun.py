@@ -10,6 +10,7 @@ interpreter, set up the way CPython sets up `python3 SCRIPT ARGS` (checked again
                 working directory that `-m` put there; nothing with -P / PYTHONSAFEPATH
   __main__      a fresh module: __name__ "__main__", __file__ the absolute path (cwd joined, as
                 CPython >= 3.9 gives it), __spec__ None, __package__ None, __cached__ None,
+                __annotations__ {},
                 a SourceFileLoader; it replaces sys.modules["__main__"], so pickling and
                 multiprocessing's spawn re-import the script as they would under python3
 Exit status: SystemExit and KeyboardInterrupt pass through untouched (so `sys.exit(3)` exits 3,
@@ -52,7 +53,7 @@ def run(script: str, args: list[str]) -> int:
         sys.path.insert(0, os.path.dirname(os.path.realpath(script)))
     code = compile(source, abs_file, "exec", dont_inherit=True)
     main = types.ModuleType("__main__")
-    main.__dict__.update(__file__=abs_file, __cached__=None, __spec__=None, __package__=None,
+    main.__dict__.update(__file__=abs_file, __cached__=None, __spec__=None, __package__=None, __annotations__={},
                          __loader__=importlib.machinery.SourceFileLoader("__main__", abs_file),
                          __builtins__=builtins)
     sys.modules["__main__"] = main
