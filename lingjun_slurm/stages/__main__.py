@@ -5,10 +5,13 @@
     python3 -m lingjun_slurm.stages train      --plan PLAN.json
     python3 -m lingjun_slurm.stages checkpoint --plan PLAN.json
     python3 -m lingjun_slurm.stages image      --plan PLAN.json   (on the host: stages the image)
+    python3 -m lingjun_slurm.stages preflight  --plan PLAN.json --out DIR   (one task per node)
+    python3 -m lingjun_slurm.stages preflight-judge --plan PLAN.json --out DIR --nodes "n1 n2"
 
 This module validates the contract (arguments, plan schema), checks that the Python running
 it has the packages the stage needs (runtime.py), and hands the plan to the stage's module:
-stages/preprocess.py, merge.py, train.py, checkpoint.py, image.py.
+stages/preprocess.py, merge.py, train.py, checkpoint.py, image.py; the pre-flight's two sides:
+lingjun_slurm/preflight/node.py and judge.py (standard library only: no runtime package check).
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from pathlib import Path
 
 from .runtime import PLAN_SCHEMA, check
 
-STAGES = ("image", "preprocess", "merge", "train", "checkpoint")
+STAGES = ("image", "preprocess", "merge", "train", "checkpoint", "preflight", "preflight-judge")
+NO_RUNTIME_CHECK = ("preflight", "preflight-judge")  # standard library only: no torch needed
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -29,9 +33,16 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("stage", choices=STAGES)
     parser.add_argument("--plan", required=True, type=Path, help="plan.json written by `lingjun-slurm render`")
     parser.add_argument("--shard", type=int, help="preprocess: the array task id")
+    parser.add_argument("--out", type=Path, help="preflight, preflight-judge: the reports' directory")
+    parser.add_argument("--nodes", help="preflight-judge: the job's nodes, space-separated (expanded)")
+    parser.add_argument("--skew-s", type=float, help="preflight-judge: the clock bound, seconds")
     args = parser.parse_args(argv)
     if args.stage == "preprocess" and args.shard is None:
         parser.error("preprocess needs --shard (the Slurm array task id)")
+    if args.stage in NO_RUNTIME_CHECK and args.out is None:
+        parser.error(f"{args.stage} needs --out DIR")
+    if args.stage == "preflight-judge" and not (args.nodes or "").split():
+        parser.error("preflight-judge needs --nodes \"n1 n2 ...\" (the job's nodes)")
     return args
 
 
@@ -53,6 +64,14 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"lingjun-slurm: {args.stage} stage, lingjun_slurm {__version__} from {os.path.dirname(package_file)}, "
           f"python {sys.version.split()[0]} ({sys.executable})", flush=True)
+    if args.stage == "preflight":
+        from ..preflight import node
+
+        return node.main(plan, args.out)
+    if args.stage == "preflight-judge":
+        from ..preflight import judge
+
+        return judge.main(plan, args.out, args.nodes.split(), args.skew_s)
     if not os.environ.get("LINGJUN_SKIP_RUNTIME_CHECK"):
         settings = plan.get("settings") or {}
         tokenizer = (settings.get("data") or {}).get("tokenizer") or {}

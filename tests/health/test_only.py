@@ -66,3 +66,20 @@ def test_bad_only_is_a_usage_error(h100: Node, args: tuple[str, ...], message: s
 
 def test_without_only_every_check_still_reports(h100: Node) -> None:
     assert len(statuses(h100.run("--no-drain"))) == 12
+
+
+@pytest.mark.parametrize("hca, missing", [
+    ("=mlx5_0,mlx5_99", "mlx5_99"),  # exact list, one name this node lacks
+    ("mlx5_0:1,mlx5_9:2", "mlx5_9 port 2"),  # the device is there, the port is not
+    ("ib_", "ib_"),  # a prefix no device has
+])
+def test_every_device_an_nccl_ib_hca_list_names_must_exist(h100: Node, hca: str, missing: str) -> None:
+    """NCCL uses the devices of the list it finds and ignores the rest silently."""
+    proc = h100.run("--no-drain", "--only", "ib-ports", NCCL_IB_HCA=hca)
+    assert proc.returncode == 1
+    assert f"FAIL ib-ports NCCL_IB_HCA names {missing}, which this node does not have" in lines(proc), proc.stdout
+
+
+def test_an_exclusion_list_names_nothing_that_must_exist(h100: Node) -> None:
+    proc = h100.run("--no-drain", "--only", "ib-ports", NCCL_IB_HCA="^mlx5_99")
+    assert proc.returncode == 0, proc.stdout
