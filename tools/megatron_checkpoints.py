@@ -56,10 +56,20 @@ CROSS_ARGV = """--num-layers 2 --hidden-size 32 --ffn-hidden-size 128 --num-atte
 --max-position-embeddings 32 --micro-batch-size 4 --global-batch-size 8 --lr 1e-3 --min-lr 1e-4
 --lr-decay-style cosine --lr-warmup-iters 2 --weight-decay 0.1 --clip-grad 1.0 --adam-beta1 0.9 --adam-beta2 0.95
 --adam-eps 1e-8 --init-method-std 0.02 --seed 1234 --hidden-dropout 0.1 --attention-dropout 0.1
---tokenizer-type NullTokenizer --vocab-size 127 --split 100,0,0 --ckpt-format torch_dist --eval-iters 0
+--tokenizer-type NullTokenizer --split 100,0,0 --ckpt-format torch_dist --eval-iters 0
 --eval-interval 1000 --log-interval 1 --distributed-backend gloo --transformer-impl local
 --no-gradient-accumulation-fusion --no-masked-softmax-fusion --no-bias-gelu-fusion --no-bias-dropout-fusion
 --no-persist-layer-norm --use-cpu-initialization --num-workers 0 --no-create-attention-mask-in-dataloader""".split()
+
+
+def vocab_argv(declared: str) -> list[str]:
+    """--vocab-size for 128 ids with eod 127 (the corpus's) at that version: 127 up to 0.17, 128 from
+    0.18 (NullTokenizer counts the eod inside --vocab-size; lingjun_slurm.megatron.versions)."""
+    from lingjun_slurm.megatron.versions import null_vocab_arg, parse_version
+    from tests.train.helpers import CROSS_VOCAB
+
+    return ["--vocab-size", str(null_vocab_arg(CROSS_VOCAB, parse_version(declared)))]
+
 
 SHIMS = [
     "lingjun_slurm.train.cpu_compat.activate(force=True)",
@@ -69,16 +79,26 @@ SHIMS = [
     "device generator, which dropout draws from",
     "torch.cuda.Stream/Event/stream/current_stream: null",
     "torch.cuda.empty_cache and memory stats: no-op / 0",
-    "fused_kernels.load, compile_helpers, set_jit_fusion_options: no-op",
+    "compile_helpers, set_jit_fusion_options: no-op",
     "initialize_megatron(allow_no_cuda=True)",
-    "typing.override = lambda f: f (Python < 3.12)",
+    "typing.override = lambda f: f (Python < 3.12), in a sitecustomize (spawned processes too)",
     "distributed optimizer with torch Adam: lingjun_slurm.train.ckpt._prime_adam_steps/_restore_adam_steps "
     "and torch.no_grad() around load_checkpoint",
-    "helpers_cpp from the project venv's megatron-core",
 ]
+
+# typing.override (Python 3.12; Megatron-LM >= 0.17 requires 3.12) only marks methods. A sitecustomize
+# and not just the child: from core_v0.18.0 on megatron/training/models/{gpt,hybrid}.py import it at
+# module level (main d98e8a6: gpt.py:5, hybrid.py:5), and the torch_dist save starts a
+# multiprocessing Manager with the 'spawn' context (dist_checkpointing/strategies/filesystem_async.py
+# get_write_results_queue, main :53-66), whose process re-imports pretrain_gpt.py as __mp_main__.
+SITECUSTOMIZE = """import typing
+if not hasattr(typing, "override"):
+    typing.override = lambda f: f
+"""
 
 CHILD = r'''
 import json, os, runpy, sys, typing, functools
+applied = []  # the version-dependent shims this revision needed (beside SHIMS), into losses.json
 if not hasattr(typing, "override"):
     typing.override = lambda f: f
 root, out = sys.argv[1], sys.argv[2]
@@ -120,8 +140,12 @@ torch.cuda.current_stream = lambda *a, **k: _NullStream()
 torch.cuda.stream = lambda *a, **k: contextlib.nullcontext()
 import megatron.core.datasets.utils as du
 du.compile_helpers = lambda: None
-import megatron.legacy.fused_kernels as fk
-fk.load = lambda *a, **k: None  # CUDA kernels; the run uses none (--no-masked-softmax-fusion)
+try:  # core_v0.16.1 initialize.py:27 imports it and _compile_dependencies calls fused_kernels.load (:224-228);
+    import megatron.legacy.fused_kernels as fk  # core_v0.17.1's initialize.py no longer does, from 0.18 it is gone
+    fk.load = lambda *a, **k: None  # CUDA kernels; the run uses none (--no-masked-softmax-fusion)
+    applied.append("fused_kernels.load: no-op")
+except ImportError:
+    pass
 import megatron.training.training as T
 T.set_jit_fusion_options = lambda *a, **k: None  # JIT warmup of fused CUDA ops
 _init = T.initialize_megatron
@@ -158,6 +182,9 @@ sys.argv = [os.path.join(root, "pretrain_gpt.py"), *argv]
 try:
     runpy.run_path(sys.argv[0], run_name="__main__")
 finally:
+    if os.environ["RANK"] == "0":
+        with open(f"{out}.shims.json", "w") as fh:
+            json.dump(applied, fh)
     if losses:
         with open(f"{out}.rank{os.environ['RANK']}.json", "w") as fh:
             json.dump(losses, fh)
@@ -168,7 +195,7 @@ def _git(git_dir: str, *args: str) -> str:
     return subprocess.run(["git", "--git-dir", git_dir, *args], check=True, capture_output=True, text=True).stdout
 
 
-def _extract(git_dir: str, rev: str, dest: Path) -> None:
+def _extract(git_dir: str, rev: str, dest: Path, py: str) -> str:
     names = [n for n in ("megatron", "pretrain_gpt.py", "gpt_builders.py", "model_provider.py")
              if _git(git_dir, "ls-tree", "--name-only", rev, n).strip()]
     archive = subprocess.run(["git", "--git-dir", git_dir, "archive", rev, *names], check=True, capture_output=True)
@@ -176,27 +203,44 @@ def _extract(git_dir: str, rev: str, dest: Path) -> None:
     import megatron.core.datasets as ours
 
     ds = dest / "megatron" / "core" / "datasets"
-    if (ds / "helpers.cpp").read_bytes() != (Path(ours.__file__).parent / "helpers.cpp").read_bytes():
-        sys.exit(f"{rev}: megatron/core/datasets/helpers.cpp differs from the venv's megatron-core; "
-                 "build its helpers_cpp (make -C megatron/core/datasets, needs pybind11) and rerun")
-    for so in Path(ours.__file__).parent.glob("helpers_cpp*.so"):
-        shutil.copy(so, ds / so.name)
+    if (ds / "helpers.cpp").read_bytes() == (Path(ours.__file__).parent / "helpers.cpp").read_bytes():
+        for so in Path(ours.__file__).parent.glob("helpers_cpp*.so"):
+            shutil.copy(so, ds / so.name)
+        return "helpers_cpp from the project venv's megatron-core (the revision's helpers.cpp is the same file)"
+    # The revision's own helpers.cpp, built in the temp dir by its Makefile (python3-config + pybind11
+    # of the interpreter that runs Megatron-LM's code)
+    if subprocess.run([py, "-c", "import pybind11"], capture_output=True).returncode != 0:
+        subprocess.run([py, "-m", "pip", "install", "-q", "pybind11"], check=True)
+    bindir = str(Path(py).parent)
+    env = {**os.environ, "PATH": bindir + os.pathsep + os.environ.get("PATH", "")}
+    inc = subprocess.run([py, "-m", "pybind11", "--includes"], check=True, capture_output=True, text=True).stdout.split()
+    suffix = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))"],
+                            check=True, capture_output=True, text=True).stdout.strip()
+    proc = subprocess.run(["make", "-C", str(ds), f"CPPFLAGS={' '.join(inc)}", f"LIBEXT={suffix}"],
+                          capture_output=True, text=True, env=env)
+    if proc.returncode != 0 or not list(ds.glob("helpers_cpp*.so")):
+        sys.exit(f"{rev}: building megatron/core/datasets/helpers_cpp failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    return "helpers_cpp built from the revision's helpers.cpp (make -C megatron/core/datasets, pybind11)"
 
 
-def _megatron(py: str, src: Path, tmp: Path, layout: str, ckpt: Path, data: Path, extra: list[str], tag: str) -> dict:
+def _megatron(py: str, src: Path, tmp: Path, layout: str, ckpt: Path, data: Path, extra: list[str], tag: str,
+              declared: str) -> dict:
     from tests.train.helpers import free_port
 
     ntasks, flags = LAYOUTS[layout]
     child = tmp / "child.py"
     child.write_text(CHILD)
     out = tmp / f"losses-{layout}-{tag}"
-    argv = [*CROSS_ARGV, *flags, "--data-path", str(data), "--data-cache-path", str(tmp / f"cache-{layout}-{tag}"),
+    argv = [*CROSS_ARGV, *vocab_argv(declared), *flags, "--data-path", str(data), "--data-cache-path", str(tmp / f"cache-{layout}-{tag}"),
             "--save", str(ckpt), "--load", str(ckpt), "--train-iters", str(ITERS), *extra]
     cmd = [py, str(child), str(src), str(out), *argv]
     if ntasks > 1:
         cmd = [sys.executable, "-m", "lingjun_slurm.executors.launch", "--ntasks", str(ntasks), "--kill-on-bad-exit",
                "--", *cmd]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
+    site = tmp / "site"  # Python < 3.12: typing.override in every interpreter, spawned ones included
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{REPO}", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "CUDA_VISIBLE_DEVICES": "",
            "CUDA_DEVICE_MAX_CONNECTIONS": "1"}  # validate_args requires it with TP > 1
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(tmp), timeout=900)
@@ -207,18 +251,20 @@ def _megatron(py: str, src: Path, tmp: Path, layout: str, ckpt: Path, data: Path
     losses: dict[str, float] = {}
     for f in sorted(tmp.glob(out.name + ".rank*.json")):  # the last pipeline stage reports the loss
         losses.update(json.loads(f.read_text()))
+    shims_file = tmp / f"{out.name}.shims.json"
+    applied = json.loads(shims_file.read_text()) if shims_file.exists() else []
     loaded = [line.strip() for line in (proc.stdout + proc.stderr).splitlines() if "successfully loaded" in line]
     return {"losses": {str(k): v for k, v in sorted(losses.items(), key=lambda kv: int(kv[0]))},
             "argv": ["pretrain_gpt.py", *[a if not a.startswith(str(tmp)) else a.replace(str(tmp), "$TMP")
-                                          for a in argv]], "loaded": loaded[:1]}
+                                          for a in argv]], "loaded": loaded[:1], "shims": applied}
 
 
-def _builtin(tmp: Path, layout: str, data: Path) -> Path:
+def _builtin(tmp: Path, layout: str, data: Path, declared: str) -> Path:
     from tests.train.helpers import cross_plan, run_stage, write_plan
 
     work = tmp / f"builtin-{layout}"
     work.mkdir()
-    plan = write_plan(work, cross_plan(work, data, **PLAN_LAYOUT[layout]))
+    plan = write_plan(work, cross_plan(work, data, version=declared, **PLAN_LAYOUT[layout]))
     proc = run_stage(plan, ntasks=LAYOUTS[layout][0], timeout=600, LINGJUN_TRAIN_STOP_AT=str(SAVED_AT))
     if proc.returncode != 0:
         sys.exit(f"builtin {layout} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
@@ -234,25 +280,37 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "tests" / "fixtures" / "megatron" / "checkpoints"))
     ap.add_argument("--layouts", default=",".join(LAYOUTS))
     ap.add_argument("--builtin-resume", action="store_true")
+    ap.add_argument("--declare", help="megatron_lm.version of that revision (default: its package_info.py's)")
+    ap.add_argument("--keep-tmp", action="store_true", help="keep the temp dir (logs, checkpoints) for debugging")
     a = ap.parse_args()
     from tests.train.helpers import make_cross_dataset
 
     commit = _git(a.git_dir, "rev-parse", a.rev + "^{commit}").strip()
+    commit_date = _git(a.git_dir, "log", "-1", "--format=%cs", commit).strip()
     name = a.name or (a.rev if not all(c in "0123456789abcdef" for c in a.rev) else f"main-{commit[:12]}")
+    declared = a.declare or _package_version(a.git_dir, commit)
     out = Path(a.out)
     data = make_cross_dataset(out / "corpus_text_document")
-    with tempfile.TemporaryDirectory(prefix="lingjun-mlm-ckpt-") as t:
+    t = tempfile.mkdtemp(prefix="lingjun-mlm-ckpt-")
+    try:
         tmp = Path(t)
         src = tmp / "src"
         src.mkdir()
-        _extract(a.git_dir, a.rev, src)
+        shims = [*SHIMS, _extract(a.git_dir, a.rev, src, a.python)]
+        python = subprocess.run([a.python, "-c", "import sys; print(sys.version.split()[0])"], capture_output=True,
+                                text=True, check=True).stdout.strip()
+        command = f"tools/megatron_checkpoints.py MLM {a.rev} --python {a.python} --builtin-resume" + \
+            (f" --declare {a.declare}" if a.declare else "")
         for layout in a.layouts.split(","):
             dest = out / name / layout
             ckpt = tmp / f"ckpt-{layout}"
-            record: dict = {"revision": a.rev, "commit": commit, "layout": layout, "saved_at": SAVED_AT,
-                            "iterations": ITERS, "made": dt.date.today().isoformat(), "shims": SHIMS,
-                            "command": f"tools/megatron_checkpoints.py MLM {a.rev} --python {a.python}"}
-            record["straight"] = _megatron(a.python, src, tmp, layout, ckpt, data, ["--save-interval", "3"], "straight")
+            record: dict = {"revision": a.rev, "commit": commit, "commit_date": commit_date,
+                            "declared_version": declared, "layout": layout, "saved_at": SAVED_AT,
+                            "iterations": ITERS, "made": dt.date.today().isoformat(), "python": python,
+                            "shims": shims, "command": command}
+            record["straight"] = _megatron(a.python, src, tmp, layout, ckpt, data, ["--save-interval", "3"],
+                                           "straight", declared)
+            record["shims"] = [*shims, *record["straight"].pop("shims")]
             if dest.exists():
                 shutil.rmtree(dest)
             dest.mkdir(parents=True)
@@ -261,15 +319,30 @@ def main() -> None:
             again = tmp / f"again-{layout}"
             shutil.copytree(dest, again)
             record["resumed"] = _megatron(a.python, src, tmp, layout, again, data, ["--save-interval", "1000"],
-                                          "resumed")
+                                          "resumed", declared)
+            record["resumed"].pop("shims")
             if a.builtin_resume:
-                bck = _builtin(tmp, layout, data)
+                bck = _builtin(tmp, layout, data, declared)
                 record["builtin_resumed"] = _megatron(a.python, src, tmp, layout, bck, data,
-                                                      ["--save-interval", "1000"], "builtin")
+                                                      ["--save-interval", "1000"], "builtin", declared)
+                record["builtin_resumed"].pop("shims")
             (dest / "losses.json").write_text(json.dumps(record, indent=1) + "\n")
             print(layout, json.dumps({k: record[k]["losses"] for k in ("straight", "resumed", "builtin_resumed")
-                                      if k in record}))
+                                      if k in record}), flush=True)
+    finally:
+        if a.keep_tmp:
+            print("kept", t)
+        else:
+            shutil.rmtree(t, ignore_errors=True)
 
+
+def _package_version(git_dir: str, commit: str) -> str:
+    """MAJOR.MINOR.PATCH of the revision's megatron/core/package_info.py (as tools/megatron_reference.py)."""
+    scope: dict = {}
+    info = _git(git_dir, "show", f"{commit}:megatron/core/package_info.py")
+    exec(compile("\n".join(line for line in info.splitlines() if line[:5] in ("MAJOR", "MINOR", "PATCH")), "pi",
+                 "exec"), scope)
+    return f"{scope['MAJOR']}.{scope['MINOR']}.{scope['PATCH']}"
 
 if __name__ == "__main__":
     main()
