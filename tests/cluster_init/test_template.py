@@ -665,11 +665,92 @@ def test_which_nodes_get_which_spec(ours):
                    f"lingjun-slurm:execute:{project['version']}"]
 
 
+# The keys of config-keys.tsv that the template's lingjun-slurm page does not offer, each with why.
+# They can still be set by hand in a [[[configuration]]] section (docs/cluster-init.md,
+# "Parameters"); test_every_config_key_is_a_parameter_or_not_exposed keeps this list and the
+# template together, so a new key must be put on the page or here.
+NOT_EXPOSED = {
+    "lingjun_slurm.pins_file": "replaces every pinned version and checksum at once: a change to the project "
+                               "(files/pins.tsv), tested with it, not a per-cluster choice",
+    "lingjun_slurm.enroot.version": "a version needs its package checksums in the pins file; the per-cluster "
+                                    "choice is enroot.min_version (keep what is installed)",
+    "lingjun_slurm.enroot.libnvidia_container_version": "the same: its checksums come from the pins file; the "
+                                                        "per-cluster choice is libnvidia_container_min_version",
+    "lingjun_slurm.pyxis.version": "the same: its tarball checksum comes from the pins file; the per-cluster "
+                                   "choice is pyxis.min_version",
+    "lingjun_slurm.slurm.conf_dir": "cyclecloud-slurm writes slurm.conf to /etc/slurm; another directory would "
+                                    "not be the one slurmd reads on this template's nodes",
+    "lingjun_slurm.slurm.restart_slurmd": "slurmd loads a changed pyxis plugin only when restarted; off is for "
+                                          "nodes managed by hand, where someone restarts it",
+    "lingjun_slurm.storage.nvme_mount": "where the RAID0 is mounted, not what enroot uses: the Scratch directory "
+                                        "parameter (storage.scratch) chooses that",
+    "lingjun_slurm.storage.nvme_exclude_models": "a safety list (the default keeps Azure's remote NVMe disks from "
+                                                 "being formatted); changing it can wipe a disk",
+    "lingjun_slurm.enroot.caps": "enroot+caps lets users import images without root, which pyxis does for every "
+                                 "--container-image; off only where file capabilities are forbidden",
+    "lingjun_slurm.enroot.extra_packages": "the distribution packages enroot needs (pigz, squashfuse, "
+                                           "fuse-overlayfs); fewer breaks enroot, more is the image's business",
+    "lingjun_slurm.enroot.squash_options": "enroot.conf tuning with a working default; set by hand when needed",
+    "lingjun_slurm.enroot.restrict_dev": "enroot.conf tuning with a working default; set by hand when needed",
+    "lingjun_slurm.enroot.rootfs_writable": "enroot.conf tuning with a working default; set by hand when needed",
+    "lingjun_slurm.enroot.mellanox_visible_devices": "enroot.conf tuning with a working default (all RDMA devices); "
+                                                     "set by hand when needed",
+    "lingjun_slurm.enroot.hooks": "enroot.conf tuning with a working default (Slurm PMI and PyTorch hooks); set by "
+                                  "hand when needed",
+    "lingjun_slurm.pyxis.plugin_dir": "detected from slurm.conf PluginDir, which cyclecloud-slurm sets; only for "
+                                      "a Slurm installed elsewhere",
+    "lingjun_slurm.pyxis.slurm_include": "detected (cyclecloud-slurm installs the headers in /usr/include); only "
+                                         "for a Slurm installed elsewhere",
+    "lingjun_slurm.pyxis.runtime_path": "derived from the scratch directory on execute nodes, /run/pyxis elsewhere",
+    "lingjun_slurm.nccl.instance_type": "each node reads its own VM size from jetpack; one value for every node "
+                                        "would be wrong for the CPU nodearrays and a second GPU one; the NCCL "
+                                        "profile parameter is the per-cluster override",
+}
+
+
 def test_lingjun_keys_and_parameters(ours):
     assert lingjun_problems(ours) == []
     keys = {a.key for _s, a in configuration_attrs(ours) if a.key.startswith("lingjun_slurm.")}
     assert {"lingjun_slurm.pyxis.mode", "lingjun_slurm.pyxis.container_scope", "lingjun_slurm.enroot.credentials",
             "lingjun_slurm.nccl.profile", "lingjun_slurm.health.boot_check", "lingjun_slurm.checksums"} <= keys
+    # the keys issue 14 added: site health figures that survive a rerun, nvidia-container-cli,
+    # and the floors for adopting cyclecloud-slurm's enroot and pyxis
+    assert {"lingjun_slurm.health.gpu_count", "lingjun_slurm.health.ib_port_count",
+            "lingjun_slurm.health.ib_rate_gbps", "lingjun_slurm.enroot.nvidia_container_cli",
+            "lingjun_slurm.enroot.min_version", "lingjun_slurm.enroot.libnvidia_container_min_version",
+            "lingjun_slurm.pyxis.min_version"} <= keys
+
+
+def exposed_keys(tpl: Template) -> set[str]:
+    return {a.key for _s, a in configuration_attrs(tpl) if a.key.startswith("lingjun_slurm.")}
+
+
+def test_every_config_key_is_a_parameter_or_not_exposed(ours):
+    keys, exposed = set(config_keys()), exposed_keys(ours)
+    assert exposed & set(NOT_EXPOSED) == set(), "on the page and listed as not exposed"
+    assert set(NOT_EXPOSED) <= keys, "NOT_EXPOSED names a key config-keys.tsv no longer has"
+    assert keys - exposed - set(NOT_EXPOSED) == set(), "neither a parameter nor listed in NOT_EXPOSED"
+    assert all(reason.strip() for reason in NOT_EXPOSED.values())
+
+
+def test_every_config_key_is_a_parameter_or_not_exposed_catches_a_dropped_one():
+    tpl = mutated("        lingjun_slurm.health.gpu_count = $configuration_lingjun_slurm_health_gpu_count\n", "")
+    assert set(config_keys()) - exposed_keys(tpl) - set(NOT_EXPOSED) == {"lingjun_slurm.health.gpu_count"}
+
+
+DOCS = PROJECT.parent.parent / "docs" / "cluster-init.md"
+
+
+def test_docs_list_the_parameters_and_what_is_not_exposed(ours):
+    """docs/cluster-init.md, "Parameters": one table row per parameter of the page, and every key
+    NOT_EXPOSED named in the list of keys left off it."""
+    text = DOCS.read_text()
+    section = text[text.index("### Parameters"):text.index("### The tests")]
+    rows = {m.group(2): m.group(1) for m in
+            re.finditer(r"^\| `(configuration_lingjun_slurm_\w+)` \| `(lingjun_slurm\.[\w.]+)` \|", section, re.M)}
+    assert rows == {key: "configuration_" + key.replace(".", "_") for key in exposed_keys(ours)}
+    left_off = section[section.index("#### Keys not on the page"):]
+    assert [k for k in NOT_EXPOSED if f"`{k}`" not in left_off] == []
 
 
 def test_gpu_vm_size_default_has_a_profile_and_thresholds(ours):
