@@ -115,6 +115,7 @@ class NcclTestResult:
     ranks: list[RankInfo] = field(default_factory=list)
     params: dict[str, str] = field(default_factory=dict)
     test_from: Optional[str] = None  # "name line", "command line", "json args": where `test` was read
+    command: Optional[str] = None  # the command line shown before the table (continuation lines joined)
     ended: bool = False  # nccl-tests printed its closing "Avg bus bandwidth" line
     avg_check: Optional[str] = None  # "OK"/"FAILED" after the average (only with NCCL_TESTS_MIN_BW)
     failures: list[str] = field(default_factory=list)  # "<host>: Test CUDA|NCCL failure <file:line> '<why>'"
@@ -163,6 +164,7 @@ _STARTING = re.compile(r"Collective test (?:starting|concluded):\s*(\S+)")
 _VERSION = re.compile(r"nccl-tests version\s+(\S+)")
 _REDUCED = re.compile(r"Reducing maxBytes to\s+(\d+)")
 _LAST_ERROR = re.compile(r"^#\s*error:\s*(.+)$")
+_PS2 = re.compile(r"^\s*(?:>\s?)?")
 # A known test binary named on a command line ("./build/all_reduce_perf -b 8", "alltoall_perf_mpi").
 _PERF = re.compile(r"(?<![\w-])((?:" + "|".join(sorted(OPS, key=len, reverse=True)) + r")_perf(?:_mpi)?)\b")
 _PARAM = re.compile(r"([A-Za-z_]+(?: [A-Za-z_]+)?):?\s+(\S+)")
@@ -313,13 +315,15 @@ def _primary_prefix(lines: list[str]) -> tuple[str, int]:
 class _Builder:
     """Accumulates one run from the lines of rank 0's stream (table) and from every line (failures)."""
 
-    def __init__(self, first_line: int, hint: Optional[str]) -> None:
+    def __init__(self, first_line: int, hint: Optional[str], command: Optional[str] = None) -> None:
         self.result = NcclTestResult(test=None, first_line=first_line, last_line=first_line - 1)
         self.header: Optional[_Header] = None
         self.pending: Optional[tuple[int, list[str], _RowError]] = None
         self.half_only_last = False  # the last row had one half (out-of-place) only
         self.hint = hint  # a test named on a command line seen before this run's table
         self.next_hint: Optional[str] = None  # one named after this run ended: the next run's
+        self.command = command  # the command line that named it
+        self.next_command: Optional[str] = None
 
     def starts_next(self, body: str) -> bool:
         """True when this line of rank 0's stream is the first header line of another run."""
@@ -332,8 +336,10 @@ class _Builder:
         text = text.lstrip("#").strip()
         return text.startswith(("nThread", "nccl-tests version", "Collective test starting"))
 
-    def scan_anywhere(self, line: str) -> None:
-        """Failures, NCCL warnings and launcher errors, whichever task printed them."""
+    def scan_anywhere(self, line: str, command: Optional[str] = None, continued: bool = False) -> None:
+        """Failures, NCCL warnings and launcher errors, whichever task printed them. `command` is the
+        command line this line ends, with its continuation lines joined; `continued`: the line ends
+        with a backslash, so the command goes on (see parse_runs)."""
         r = self.result
         if _TRACEBACK.search(line):
             r.tracebacks += 1
@@ -346,11 +352,13 @@ class _Builder:
         if "NCCL INFO" not in line and not _TRACEBACK.search(line) and not _ANCHOR.match(line) \
                 and not line.lstrip().startswith("#") and _ERRORISH.search(line):
             r.said = line.strip()
-        if not _ANCHOR.match(line) and (m := _PERF.search(line)):
+        if not continued and not _ANCHOR.match(line) and (m := _PERF.search(command or line)):
             if r.ended:
                 self.next_hint = self.next_hint or m.group(1)
+                self.next_command = self.next_command or command or line.strip()
             elif self.hint is None:
                 self.hint = m.group(1)
+                self.command = command or line.strip()
 
     def table(self, lineno: int, body: str) -> None:
         """A line of rank 0's stream, the launcher prefix removed."""
@@ -424,6 +432,7 @@ class _Builder:
             r.interrupted = Interrupted(line=0, size_bytes=row.size_bytes, text="")
         if r.test is None and self.hint is not None:
             r.test, r.test_from = self.hint, "command line"
+        r.command = self.command
         return r
 
 
@@ -439,13 +448,21 @@ def parse_runs(text: str) -> list[NcclTestResult]:
     prefix, streams = _primary_prefix(lines)
     runs: list[NcclTestResult] = []
     builder = _Builder(1, None)
+    carried = ""  # a shell command continued with a trailing backslash, so far
     for lineno, line in enumerate(lines, start=1):
         primary = line.lstrip().startswith(prefix)
         body = line.lstrip()[len(prefix):] if prefix else _MPI_TAG.sub("", line)
         if primary and builder.starts_next(body):
             runs.append(builder.finish(lineno - 1))
-            builder = _Builder(lineno, builder.next_hint)
-        builder.scan_anywhere(line)
+            builder = _Builder(lineno, builder.next_hint, builder.next_command)
+        # A continuation line as a shell echoes it: after bash's PS2 "> " (or a quote's "> ").
+        piece = _PS2.sub("", line) if carried else line
+        continued = piece.endswith("\\")
+        if continued:
+            carried, command = carried + piece[:-1] + " ", None
+        else:
+            command, carried = (carried + piece).strip() if carried else None, ""
+        builder.scan_anywhere(line, command, continued)
         if primary:
             builder.table(lineno, body)
     runs.append(builder.finish(len(lines)))

@@ -86,7 +86,7 @@ def table(report: Report) -> tuple[list[str], list[list[str]]]:
 def verdict_lines(report: Report) -> list[str]:
     lines = [o.verdict.line(label) for label, o in zip(_labels(report.ops), report.ops)]
     for o in report.ops:
-        lines += [f"{o.output.op}: note: {note}" for note in o.output.notes]
+        lines += [f"{o.output.op}: note: {note}" for note in o.output.report_notes]
     for job in report.jobs:
         if not job.ok:
             code = "" if job.exit_code is None else f", exit {job.exit_code}"
@@ -165,7 +165,7 @@ def op_json(o: OpReport) -> dict[str, Any]:
         "complete": out.complete,
         "verdict": o.verdict.status, "reason": o.verdict.reason,
         "measured_gbps": o.verdict.measured_gbps, "reference": asdict(ref) if ref else None,
-        "problem": out.problem, "notes": list(out.notes),
+        "problem": out.problem, "notes": list(out.report_notes),
     }
 
 

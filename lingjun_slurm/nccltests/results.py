@@ -13,6 +13,7 @@ from typing import Optional
 
 from ..transport.base import Transport
 from .parse import OPS, NcclParseError, NcclTestResult, op_of, parse_json, parse_runs
+from .ranks import Ranks, derive
 
 
 def op_from_file_name(path: str) -> Optional[str]:
@@ -108,18 +109,24 @@ class OpOutput:
         return self.result is not None and bool(self.result.rows) and not self.result.complete
 
     @property
-    def ranks(self) -> Optional[int]:
+    def derived_ranks(self) -> Ranks:
+        """The rank count, where it came from, and notes where the output's sources disagree (ranks.py)."""
         if self.result is None:
-            return None
-        return self.result.rank_count or ranks_from_sizes(self.op, self.result)
+            return Ranks(None, None)
+        return derive(self.op, self.result, ranks_from_sizes(self.op, self.result))
+
+    @property
+    def ranks(self) -> Optional[int]:
+        return self.derived_ranks.count
 
     @property
     def ranks_from(self) -> Optional[str]:
-        if self.result is None:
-            return None
-        if self.result.rank_count:
-            return "rank lines"
-        return "sizes" if ranks_from_sizes(self.op, self.result) else None
+        """"command line", "rank lines", "sizes" or "busbw/algbw"; None without a rank count."""
+        return self.derived_ranks.source
+
+    @property
+    def report_notes(self) -> tuple[str, ...]:
+        return self.notes + self.derived_ranks.notes
 
 
 def _read(t: Transport, path: str) -> Optional[str]:

@@ -34,7 +34,7 @@ def largest(op: dict[str, Any]) -> list[Any] | None:
 def judged(sample: dict[str, Any], op: dict[str, Any]) -> None:
     name = sample["file"]
     assert op["op"] == sample["op"], name
-    assert op["ranks"] == sample["ranks"], name
+    assert (op["ranks"], op["ranks_from"]) == (sample["ranks"], sample["ranks_from"]), name
     assert largest(op) == sample["largest"], name
     assert op["avg_busbw"] == sample["avg_busbw"], name
     assert op["complete"] is sample["complete"], name
@@ -79,6 +79,27 @@ def test_report_judges_each_real_output_as_a_person_would(sample: dict[str, Any]
     judged(sample, op)
     assert op["file"] == str(copy)
     assert json.loads((tmp_path / "report.json").read_text()) == doc
+
+
+def test_ranks_a_reader_derives(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The outputs whose rank count needs more than the rank lines (ranks.py): the command line wins over
+    an excerpt's rank lines and says so; without either, busbw/algbw gives the all_reduce count."""
+    by_file = {s["file"]: s for s in EXPECTED}
+    files = ["nccl_tests_322_h100_unhandled_cuda_error_excerpt.txt", "deepops_dgx_a100_4node_all_reduce.txt",
+             "deepops_roce_sriov_k8s_all_reduce.txt", "nccl_tests_264_h100_system_not_yet_initialized.txt"]
+    code, out, _ = run_cli(capsys, "--report", *(str(FIXTURES / f) for f in files), "--no-chart",
+                           "--report-json", str(tmp_path / "r.json"))
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert validate(doc) == []
+    assert [(op["ranks"], op["ranks_from"]) for op in doc["ops"]] == [
+        (1024, "command line"), (32, "busbw/algbw"), (16, "busbw/algbw"), (8, "command line")]
+    assert [(by_file[f]["ranks"], by_file[f]["ranks_from"]) for f in files] == \
+        [(op["ranks"], op["ranks_from"]) for op in doc["ops"]]
+    note = ("the command line starts 1024 ranks (mpirun -np 1024 x 1 GPU per process); the rank lines show 16 "
+            "(an excerpt?)")
+    assert doc["ops"][0]["notes"] == [note]
+    assert f"all_reduce: note: {note}" in out
+    assert [op["notes"] for op in doc["ops"][1:]] == [[], [], []]
 
 
 def test_one_report_over_every_real_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -128,7 +128,7 @@ def test_json_report_schema(tmp_path: Path) -> None:
     assert validate(doc) == []  # the schema shipped in the package (report.schema.json)
     assert doc["schema"] == 2 and doc["ok"] is False  # the job failed, whatever the verdict
     op = doc["ops"][0]
-    assert op["op"] == "all_reduce" and op["ranks"] == 16 and op["ranks_from"] == "rank lines" and len(op["rows"]) == 31
+    assert op["op"] == "all_reduce" and op["ranks"] == 16 and op["ranks_from"] == "command line" and len(op["rows"]) == 31
     assert op["hosts"] == ["ztan-mig-235z", "ztan-mig-gq73"] and op["op_from"] == "command line"
     assert op["rows"][-1] == {"size_bytes": 8589934592, "count": 2147483648, "type": "float", "redop": "sum", "root": -1,
                               "time_out_us": 47535.0, "algbw_out": 180.71, "busbw_out": 338.82,
