@@ -50,6 +50,9 @@ class DevClusterConfig:
     # kept out of cpu/gpu so a test may drain one without disturbing other tests' jobs.
     extra_nodes: int = 0
     extra_partition: str = "health"
+    # Seconds slurmctld waits for an unresponsive slurmd before it marks the node DOWN and fails its
+    # jobs (SlurmdTimeout, slurm.conf; Slurm's default 300): the fault bench loses nodes on purpose.
+    slurmd_timeout: int = 300
 
     def __post_init__(self) -> None:
         self.root = Path(self.root).absolute()
@@ -61,6 +64,8 @@ class DevClusterConfig:
             raise DevClusterError(f"extra_partition must be a name other than cpu/gpu, got {self.extra_partition!r}")
         if not 1 <= self.cpus_per_node <= 64 or not 0 <= self.gpus_per_node <= 16:
             raise DevClusterError("cpus_per_node must be 1..64 and gpus_per_node 0..16")
+        if not 5 <= self.slurmd_timeout <= 65533:
+            raise DevClusterError(f"slurmd_timeout must be 5..65533 s, got {self.slurmd_timeout}")
         if not 1024 <= self.base_port <= 65235:
             raise DevClusterError(f"base_port must be 1024..65235, got {self.base_port}")
 
@@ -329,7 +334,7 @@ class DevCluster:
             "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "MpiDefault=none",
             "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core", "SlurmdParameters=config_overrides",
             "SchedulerType=sched/backfill", "SchedulerParameters=batch_sched_delay=0,sched_interval=2,bf_interval=2",
-            "ReturnToService=2", "KillWait=5", "MinJobAge=300", "MaxJobCount=20000", "JobRequeue=1",
+            "ReturnToService=2", f"SlurmdTimeout={c.slurmd_timeout}", "KillWait=5", "MinJobAge=300", "MaxJobCount=20000", "JobRequeue=1",
             "EnforcePartLimits=ALL", "InactiveLimit=0", "Waittime=0",
             "JobCompType=jobcomp/filetxt", f"JobCompLoc={root}/jobcomp.log", "JobAcctGatherType=jobacct_gather/none",
             "GresTypes=gpu",

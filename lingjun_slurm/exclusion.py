@@ -192,12 +192,29 @@ STACK_FILE = re.compile(r"^(?P<node>.+)-rank(?P<rank>\d+)-pid(?P<pid>\d+)\.txt$"
 DUMPED = "most recent call first"  # every faulthandler traceback header (Python's faulthandler.c)
 
 
+STUCK_STATES = {"T": "stopped", "t": "stopped (traced)", "D": "in uninterruptible sleep", "Z": "a zombie",
+                "gone": "gone"}
+
+
+def stuck_by_state(states: List[dict]) -> Dict[str, List[tuple]]:
+    """{node: [(rank, why)]} for the ranks the watchdog found stopped, in uninterruptible sleep or
+    gone before it signalled anything (lingjun_slurm/watchdog.py Actions.probe), when others ran."""
+    known = [s for s in states if isinstance(s, dict) and s.get("state") and s.get("node")]
+    bad = [s for s in known if s["state"] in STUCK_STATES]
+    if not bad or len(bad) == len(known):  # all alike: the job, not a node
+        return {}
+    out: Dict[str, List[tuple]] = {}
+    for s in bad:
+        out.setdefault(str(s["node"]), []).append((s.get("rank"), STUCK_STATES[s["state"]]))
+    return out
+
+
 def stuck_nodes(stacks_dir: str) -> Dict[str, List[int]]:
     """Nodes whose ranks never answered the watchdog's stack request, when others did: {node: ranks}.
 
     Every rank opens its file at start (lingjun_slurm/stacks.py: <node>-rank<R>-pid<P>.txt) and
-    faulthandler writes a traceback into it on SIGUSR2. A rank that cannot run its handler (stopped,
-    in uninterruptible sleep on a dead device or file system) leaves its file without one; ranks
+    faulthandler writes a traceback into it on SIGUSR2. A rank that cannot run its handler (in
+    uninterruptible sleep on a dead device or file system) leaves its file without one; ranks
     blocked in a collective do answer. No answer anywhere (stacks not installed) blames no one."""
     answered: Dict[str, bool] = {}
     silent: Dict[str, List[int]] = {}
@@ -230,13 +247,21 @@ def hung(run_dir: str, job: str, record: str, stacks_dir: Optional[str], need: i
         doc = json.loads(Path(record).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return excluded_for(read_record(run_dir), job)
-    stacks = stacks_dir or (doc.get("stacks_dir") if isinstance(doc, dict) else None)
+    if not isinstance(doc, dict):
+        return excluded_for(read_record(run_dir), job)
+    stacks = stacks_dir or doc.get("stacks_dir")
+    last = doc.get("last_iteration")
     found = []
-    for node, ranks in sorted(stuck_nodes(str(stacks)).items() if stacks else []):
-        last = doc.get("last_iteration") if isinstance(doc, dict) else None
+    by_state = stuck_by_state(doc.get("states") or [])
+    for node, items in sorted(by_state.items()):
+        what = "; ".join(f"rank {r} {why}" for r, why in items)
         found.append({"node": node, "source": "watchdog",
-                      "reason": f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} hung "
-                                f"(no stack dump on request; last iteration {last})"})
+                      "reason": f"hang at iteration {last}: {what} while the others waited"})
+    if not by_state:
+        for node, ranks in sorted(stuck_nodes(str(stacks)).items() if stacks else []):
+            found.append({"node": node, "source": "watchdog",
+                          "reason": f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} hung "
+                                    f"(no stack dump on request; last iteration {last})"})
     return add(run_dir, job, need, max_nodes, found, drain) if found else excluded_for(read_record(run_dir), job)
 
 

@@ -141,6 +141,14 @@ def training_env(spec: Spec, res: StageResources) -> list[EnvVar]:
     if par.tensor > 1 or par.context > 1:
         env.append(EnvVar("CUDA_DEVICE_MAX_CONNECTIONS", "1",
                           "one CUDA work queue so TP/CP communication overlaps compute in order (Megatron)"))
+    if res.gpus_per_node and spec.training.hang_timeout:
+        # torch's NCCL watchdog dumps its flight recorder (the last collectives of every rank) when a
+        # collective times out: ProcessGroupNCCL.hpp TORCH_NCCL_DUMP_ON_TIMEOUT (needs the trace buffer
+        # TORCH_NCCL_TRACE_BUFFER_SIZE > 0, which is 0 by default); the file goes to the stacks dir.
+        env.append(EnvVar("TORCH_NCCL_DUMP_ON_TIMEOUT", "1",
+                          "a timed-out collective dumps torch's NCCL flight recorder beside the stack dumps"))
+        env.append(EnvVar("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000",
+                          "the flight recorder keeps the last 2000 collectives per rank (default 0: off)"))
     if res.cpus_per_task:
         env.append(EnvVar("OMP_NUM_THREADS", str(res.cpus_per_task),
                           "size each task's OpenMP pool to its CPUs instead of every core of the node"))
@@ -428,7 +436,9 @@ def build_plan(spec: Spec, *, run_id: str | None = None, spec_sha256: str = "", 
                      "image_key": cplan.image_key}
         names = env_names(env, stage_net, kind == "train") + (
             ["LINGJUN_SITE"] if kind != "command" and spec.run.ship_code else []) + (
-            ["LINGJUN_STACKS_DIR", "LINGJUN_NODES"] if kind == "train" else [])
+            ["LINGJUN_STACKS_DIR", "LINGJUN_NODES"] if kind == "train" else []) + (
+            ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] if kind == "train" and res.gpus_per_node and
+            spec.training.hang_timeout else [])
         launcher = (_launcher(spec, kind, sorted(names), use_container, cplan) if executor == "slurm"
                     else local_launcher(res, kind))
         if kind == "train":

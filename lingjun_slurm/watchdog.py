@@ -46,6 +46,7 @@ Record (one JSON object, written atomically, schema 1):
    "idle_s": 901.2, "timeout_s": 900.0, "requested_timeout_s": 900.0, "step_time_s": 1.2|null,
    "log_interval": 10, "format": "megatron", "progress": FILE, "stacks_dir": DIR,
    "signal": "scancel --signal=USR2 123", "stacks": [{"path", "node", "rank", "pid", "bytes"}],
+   "states": [{"node", "rank", "pid", "state"}] (read before any signal; see Actions.probe),
    "step_ended": true}
 Exit status: 0 when --pid ended (the step ended by itself) or on SIGTERM/SIGINT; 3 after a hang
 was handled; 2 on bad arguments. It never signals anything while iterations keep appearing.
@@ -322,6 +323,42 @@ class Actions:
         _kill(self.pid, signal.SIGUSR2)  # srun and the local launcher forward it to their tasks
         return f"kill -USR2 {self.pid}"
 
+    def probe(self, stacks_dir: str) -> list[dict[str, Any]]:
+        """Each rank's process state (Linux /proc/PID/stat: R running, S sleeping, D uninterruptible,
+        T stopped, Z zombie, gone) read on its own node, before anything is signalled: a stopped or
+        uninterruptible rank is the one that holds the others up (a dump cannot tell: slurmstepd
+        continues a stopped task before it signals it, so even a SIGSTOPped rank answers SIGUSR2,
+        seen on the test cluster). Ranks are the stack files' <node>-rank<R>-pid<P>.txt names;
+        on Slurm one host task per node reads them (`srun --overlap`: beside the hung step)."""
+        paths = sorted(p for p in stack_sizes(stacks_dir) if parse_stacks_name(p)["pid"] is not None)
+        ranks = [(p, parse_stacks_name(p)) for p in paths]
+        if not ranks:
+            return []
+        if self.executor == "slurm" and self.job:
+            script = ('for f in "$1"/"$SLURMD_NODENAME"-rank*-pid*.txt; do [ -e "$f" ] || continue; '
+                      'pid=${f##*-pid}; pid=${pid%.txt}; st=gone; '
+                      'if [ -r "/proc/$pid/stat" ]; then read -r line < "/proc/$pid/stat" || true; '
+                      'rest=${line##*) }; st=${rest%% *}; fi; echo "${f##*/} $st"; done')
+            cmd = ["srun", "--overlap", f"--jobid={self.job}", f"--nodes={len({r['node'] for _, r in ranks})}",
+                   "--ntasks-per-node=1", "--time=1", "--kill-on-bad-exit=0", "bash", "-c", script, "probe",
+                   stacks_dir]
+            states: dict[str, str] = {}
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+                states = dict(line.rsplit(" ", 1) for line in proc.stdout.splitlines() if " " in line)
+            except (OSError, subprocess.SubprocessError) as exc:
+                print(f"{PREFIX} could not read the ranks' states: {exc}", file=sys.stderr, flush=True)
+            return [{**r, "state": states.get(os.path.basename(p))} for p, r in ranks]
+        out = []
+        for _, r in ranks:
+            try:
+                with open(f"/proc/{r['pid']}/stat", "rb") as fh:
+                    state = fh.read().rsplit(b")", 1)[1].split()[0].decode()
+            except (OSError, IndexError):
+                state = "gone"
+            out.append({**r, "state": state})
+        return out
+
     def end_step(self) -> None:
         if self.executor == "slurm":
             _kill(self.pid, signal.SIGTERM)  # srun: SIGKILL to every task of its step
@@ -412,6 +449,7 @@ def _handle_hang(opts: Options, actions: Actions, state: State, start_wall: floa
         else opts.timeout, "step_time_s": state.step_time_s, "log_interval": opts.log_interval,
         "format": opts.format, "progress": opts.progress, "stacks_dir": opts.stacks_dir,
         "signal": None, "stacks": [], "step_ended": False}
+    record["states"] = actions.probe(opts.stacks_dir)
     write_record(opts.record, record)
     before = stack_sizes(opts.stacks_dir)
     record["signal"] = actions.signal_tasks()

@@ -1,0 +1,90 @@
+"""Faults injected into training on the real test Slurm cluster (builtin trainer, CPU, DP=2 over
+two nodes; tests/integration/faults.py): a representative few; bench/faults.py runs them all and
+prints what each costs. Each one must be survived: the run completes every iteration, loses at
+most one save interval, and the node to blame is excluded from the requeue."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .faults import last_iteration, resumes, train_spec, wait_for_rank
+from .helpers import all_ended, cli, submitted_run_id, wait_for
+
+SAVE = 10
+
+
+@pytest.fixture
+def slurm_env(slurm_cluster: Any, tmp_path: Path) -> dict[str, str]:
+    return {**slurm_cluster.env, "LINGJUN_STATE_DIR": str(tmp_path / "state")}
+
+
+def scontrol_job(env: dict[str, str], job: str) -> str:
+    return subprocess.run(["scontrol", "show", "job", "-o", job], env={**os.environ, **env}, capture_output=True,
+                          text=True, check=True).stdout
+
+
+def train_job(run_dir: Path) -> str:
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    return next(s for s in manifest["stages"] if s["name"] == "train")["job_ids"][0]
+
+
+@pytest.mark.slurm
+def test_a_stopped_rank_is_a_hang_its_node_is_excluded_and_training_finishes(tmp_path: Path,
+                                                                              slurm_env: dict[str, str]) -> None:
+    """SIGSTOP on rank 1 after the first checkpoint: the other rank waits in its all-reduce, no new
+    iteration appears, and after hang_timeout the watchdog records both ranks' states (rank 1
+    stopped), collects their stacks, ends the step; the script requeues the job held, excludes
+    rank 1's node, releases it, and the next attempt resumes from the checkpoint elsewhere."""
+    spec = train_spec(tmp_path, "hang", iterations=30, save_interval=SAVE, hang_timeout=12, preflight=False)
+    run_id = submitted_run_id(cli("submit", str(spec), "--executor", "slurm", env=slurm_env).stdout)
+    run_dir = tmp_path / "hang" / "runs" / run_id
+    node, pid = wait_for_rank(run_dir, 1, SAVE + 1)
+    at = last_iteration(run_dir)
+    os.kill(pid, signal.SIGSTOP)
+    stopped = time.time()
+    stages = wait_for(run_id, slurm_env, all_ended, timeout=360)
+    assert stages["train"]["state"] == "COMPLETED", stages
+    assert stages["train"]["restarts"] == 1
+    assert f"excluded {node} (watchdog: hang at iteration" in (stages["train"]["reason"] or ""), stages["train"]
+    job = train_job(run_dir)
+    assert f"ExcNodeList={node}" in scontrol_job(slurm_env, job)
+    assert node not in stages["train"]["nodes"].replace("[", ",").replace("]", ",").split(","), stages["train"]
+    hang = json.loads((run_dir / "hangs" / f"{job}-0.json").read_text())
+    assert hang["step_ended"] and hang["last_iteration"] >= at
+    states = {s["rank"]: s["state"] for s in hang["states"]}
+    assert states[1] == "T" and states[0] in ("S", "R"), hang["states"]  # read before any signal
+    dump = next(Path(s["path"]) for s in hang["stacks"] if s["rank"] == 0).read_text()
+    assert "most recent call first" in dump and "loop.py" in dump, dump[:2000]  # rank 0 waited in the train loop
+    starts = resumes(run_dir)
+    assert starts[-1]["iteration"] >= at - SAVE, starts  # at most one save interval lost
+    assert last_iteration(run_dir) == 30
+    log = cli("logs", run_id, "train", env=slurm_env).stdout
+    assert "watchdog: no new iteration for" in log and f"requeueing without node(s) {node}" in log, log[-3000:]
+    assert time.time() - stopped < 300
+
+
+@pytest.mark.slurm
+def test_a_killed_rank_requeues_and_resumes(tmp_path: Path, slurm_env: dict[str, str]) -> None:
+    """SIGKILL on rank 1 mid-training: srun ends the step (--kill-on-bad-exit), the script requeues
+    (a task killed by a signal), the next attempt resumes from the last checkpoint. No node is
+    blamed: a rank that died says nothing about its node."""
+    spec = train_spec(tmp_path, "kill", iterations=30, save_interval=SAVE, hang_timeout=60, preflight=False)
+    run_id = submitted_run_id(cli("submit", str(spec), "--executor", "slurm", env=slurm_env).stdout)
+    run_dir = tmp_path / "kill" / "runs" / run_id
+    _, pid = wait_for_rank(run_dir, 1, SAVE + 1)
+    at = last_iteration(run_dir)
+    os.kill(pid, signal.SIGKILL)
+    stages = wait_for(run_id, slurm_env, all_ended, timeout=300)
+    assert stages["train"]["state"] == "COMPLETED", stages
+    assert stages["train"]["restarts"] == 1
+    assert resumes(run_dir)[-1]["iteration"] >= at - SAVE
+    assert not (run_dir / "nodes" / "excluded.json").exists()
+    assert "ExcNodeList=(null)" in scontrol_job(slurm_env, train_job(run_dir))
