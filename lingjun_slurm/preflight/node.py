@@ -5,7 +5,7 @@
 Environment: SLURMD_NODENAME (the node; else the host name), SLURM_JOB_ID, SLURM_RESTART_COUNT,
 SLURM_PROCID, LINGJUN_NODES (the job's nodes, space-separated, as the batch script expands
 them), CUDA_VISIBLE_DEVICES (as Slurm sets it), the job's NCCL_* variables;
-LINGJUN_PREFLIGHT_ROOT: a prefix for /sys, /proc and /etc (tests); LINGJUN_PREFLIGHT_SHARE_TIMEOUT:
+LINGJUN_PREFLIGHT_ROOT: a prefix for /sys, /proc and /etc (tests; "{node}" in it is the node's name); LINGJUN_PREFLIGHT_SHARE_TIMEOUT:
 seconds to wait for the other nodes' tokens (else settings.preflight.share_timeout_s, else 60).
 
 Checks (each {"name", "ok", "skipped", "detail"}):
@@ -317,7 +317,8 @@ def main(plan: dict, out: Path, env: Optional[Dict[str, str]] = None) -> int:
     restart = env.get("SLURM_RESTART_COUNT") or "0"
     nodes = (env.get("LINGJUN_NODES") or node).split()
     others = [n for i, n in enumerate(nodes) if n != node and n not in nodes[:i]]
-    root = (env.get("LINGJUN_PREFLIGHT_ROOT") or "").rstrip("/")
+    # "{node}" in the prefix is this node's name: one-host test clusters give each node its own tree.
+    root = (env.get("LINGJUN_PREFLIGHT_ROOT") or "").replace("{node}", node).rstrip("/")
     k = knobs(plan)
     timeout = float(env.get("LINGJUN_PREFLIGHT_SHARE_TIMEOUT") or k.get("share_timeout_s") or SHARE_TIMEOUT_S)
     stage = train_stage(plan) or {}

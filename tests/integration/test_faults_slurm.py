@@ -88,3 +88,68 @@ def test_a_killed_rank_requeues_and_resumes(tmp_path: Path, slurm_env: dict[str,
     assert resumes(run_dir)[-1]["iteration"] >= at - SAVE
     assert not (run_dir / "nodes" / "excluded.json").exists()
     assert "ExcNodeList=(null)" in scontrol_job(slurm_env, train_job(run_dir))
+
+
+def node_roots(tmp: Path, bad: str) -> str:
+    """A sysfs tree per test-cluster node (LINGJUN_PREFLIGHT_ROOT's {node}): eth0 up, except on `bad`."""
+    for i in range(1, 5):
+        net = tmp / "roots" / f"node{i}" / "sys" / "class" / "net" / "eth0"
+        net.mkdir(parents=True)
+        (net / "operstate").write_text("down\n" if f"node{i}" == bad else "up\n")
+        (net / "carrier").write_text("0\n" if f"node{i}" == bad else "1\n")
+    return str(tmp / "roots" / "{node}")
+
+
+@pytest.mark.slurm
+def test_a_node_that_fails_preflight_is_excluded_before_any_training(tmp_path: Path,
+                                                                      slurm_env: dict[str, str]) -> None:
+    """Pre-flight on the two allocated nodes, the job's NCCL_SOCKET_IFNAME=eth0 judged against each
+    node's (modelled) sysfs: on the first node eth0 is down, so the job never trains there: it is
+    requeued without that node, its next pre-flight passes, and training runs from iteration 0."""
+    import yaml
+
+    spec = train_spec(tmp_path, "pre", iterations=12, save_interval=SAVE, hang_timeout=60, preflight=True)
+    doc = yaml.safe_load(spec.read_text())
+    doc["cluster"]["network"]["overrides"] = {"NCCL_SOCKET_IFNAME": "eth0"}
+    spec.write_text(yaml.safe_dump(doc, sort_keys=False))
+    # The tool's own variables are refused in the spec; sbatch exports the submitting environment.
+    env = {**slurm_env, "LINGJUN_PREFLIGHT_ROOT": node_roots(tmp_path, "node1"), "LINGJUN_PREFLIGHT_SHARE_TIMEOUT": "20"}
+    run_id = submitted_run_id(cli("submit", str(spec), "--executor", "slurm", env=env).stdout)
+    run_dir = tmp_path / "pre" / "runs" / run_id
+    stages = wait_for(run_id, slurm_env, all_ended, timeout=300)
+    train = stages["train"]
+    assert train["state"] == "COMPLETED" and train["restarts"] == 1, stages
+    assert "excluded node1 (preflight: eth0 down (NCCL_SOCKET_IFNAME=eth0))" in (train["reason"] or ""), train
+    assert "ExcNodeList=node1" in scontrol_job(slurm_env, train_job(run_dir))
+    job = train_job(run_dir)
+    first = json.loads((run_dir / "preflight" / f"{job}-0" / "verdict.json").read_text())
+    assert first["exit"] == 1 and list(first["bad_nodes"]) == ["node1"], first
+    second = json.loads((run_dir / "preflight" / f"{job}-1" / "verdict.json").read_text())
+    assert second["ok"], second
+    assert [r["iteration"] for r in resumes(run_dir)] == [0]  # the first attempt never started training
+    log = cli("logs", run_id, "train", env=slurm_env).stdout
+    assert "lingjun-slurm: preflight: node node1: socket-if" in log and "requeueing without node(s) node1" in log, \
+        log[-3000:]
+
+
+@pytest.mark.slurm
+def test_gpus_missing_on_every_node_fail_the_job_in_preflight_without_excluding_anyone(
+        tmp_path: Path, slurm_env: dict[str, str]) -> None:
+    """A GPU job on the test cluster's gpu partition, whose GPUs are gres device files without a
+    driver: pre-flight finds no GPU on any node. That is the image's or the cluster's problem, not
+    a node's: the job fails at once, before training, and no node is excluded."""
+    import yaml
+
+    spec = train_spec(tmp_path, "nogpu", iterations=4, preflight=True)
+    doc = yaml.safe_load(spec.read_text())
+    doc["cluster"]["stages"]["train"].update(partition="gpu", gpus_per_node=1)
+    spec.write_text(yaml.safe_dump(doc, sort_keys=False))
+    run_id = submitted_run_id(cli("submit", str(spec), "--executor", "slurm", env=slurm_env).stdout)
+    run_dir = tmp_path / "nogpu" / "runs" / run_id
+    stages = wait_for(run_id, slurm_env, all_ended, timeout=240)
+    assert stages["train"]["state"] == "FAILED" and stages["train"]["restarts"] == 0, stages
+    verdict = json.loads((run_dir / "preflight" / f"{train_job(run_dir)}-0" / "verdict.json").read_text())
+    assert verdict["exit"] == 2 and not verdict["bad_nodes"], verdict
+    assert not (run_dir / "nodes" / "excluded.json").exists()
+    assert resumes(run_dir) == []  # the trainer never started
+    assert "pre-flight failed" in cli("logs", run_id, "train", env=slurm_env).stdout

@@ -374,7 +374,10 @@ def test_train_restarts_in_place_and_the_chain_after_it_still_runs(tmp_path: Pat
                    "tokenizer": {"type": "null", "vocab_size": 512}}
     doc["model"] = {"preset": "tiny", "vocab_size": 512}
     doc["parallelism"] = {"micro_batch": 1, "global_batch": 2}
-    doc["training"] = {"entrypoint": "megatron-lm", "iterations": 2, "max_restarts": 3, "save_grace_s": 60}
+    # preflight: false: the test cluster's GPUs are gres device files, no driver; pre-flight would
+    # rightly fail every node (no nvidia-smi, tests/integration/test_faults_slurm.py tests it).
+    doc["training"] = {"entrypoint": "megatron-lm", "iterations": 2, "max_restarts": 3, "save_grace_s": 60,
+                       "preflight": False}
     doc["checkpoint"] = {"dir": str(ckpt)}
     spec.write_text(yaml.safe_dump(doc))
     run_id = submitted_run_id(cli("submit", str(spec), "--executor", "slurm", env=env).stdout)
