@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -141,6 +142,87 @@ def test_held_enroot_at_the_floor_is_adopted(cyclecloud_node):
     assert [line for line in apt_installs(result.stdout) if "enroot" in line] == []
     assert "apt-mark" not in node.log()
     assert node.mode("/etc/enroot/hooks.d/50-slurm-pytorch.sh") == 0o755
+
+
+CYCLECLOUD_UBUNTU_SH = Path(__file__).resolve().parent / "fixtures" / "cyclecloud-slurm-install" / \
+    "cyclecloud-slurm-4.0.9-ubuntu.sh"
+
+
+def cyclecloud_reinstalls_enroot(node, apt, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """cyclecloud-slurm's ubuntu.sh as install.py reruns it (no /etc/azslurm-bins.installed, or
+    one naming another Slurm version, role or a failed run): its own dpkg_pkg_install (lines 18-60
+    of the fixture, run as they are) on its enroot and enroot+caps 4.0.1 files (line 153), with
+    the real apt on the node's sandboxed dpkg database, stdin not a terminal (/dev/null)."""
+    text = CYCLECLOUD_UBUNTU_SH.read_text()
+    start, end = text.index("dpkg_pkg_install() {"), text.index("\ndependency_packages=")
+    assert text.count("--allow-downgrades --allow-change-held-packages") == 1 and 'ENROOT_VERSION="4.0.1"' in text
+    artifacts = tmp_path / "cyclecloud-artifacts"
+    artifacts.mkdir(exist_ok=True)
+    debs = [dummy_deb(artifacts, "enroot", "4.0.1-1"), dummy_deb(artifacts, "enroot+caps", "4.0.1-1", "enroot (= 4.0.1-1)")]
+    script = tmp_path / "cyclecloud-dpkg-pkg-install.sh"
+    script.write_text("set -e\nSLURM_VERSION=25.05.5\n" + text[start:end] + '\ndpkg_pkg_install "$1 $2"\n')
+    return subprocess.run(["bash", str(script), *map(str, debs)], env=node.env(apt.env), stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_a_cyclecloud_rerun_over_the_upgraded_enroot_stops_at_the_conffile_prompt(cyclecloud_node, tmp_path):
+    """docs/admin-guide.md, "enroot": when cyclecloud-slurm's install.py reruns ubuntu.sh, its
+    dpkg_pkg_install does not find 4.0.1 installed (dpkg -l | grep 4.0.1, line 41) and puts it back
+    over the held 4.2.1 (apt install -y --allow-downgrades --allow-change-held-packages, line 51).
+    /etc/enroot/enroot.conf is a conffile that the node changed (cyclecloud-slurm's install.py and
+    this installer both write it) and that differs between the two packages (as enroot's own
+    conf/enroot.conf.in does between v4.0.1 and v4.1.2), and ubuntu.sh passes no --force-conf*
+    option: dpkg asks, reads end of file, and apt exits 100, leaving enroot unconfigured; with
+    set -e, ubuntu.sh stops there. With enroot.min_version = 4.0.1 (cyclecloud-slurm's enroot
+    adopted) the rerun finds 4.0.1 and installs nothing."""
+    node, apt = cyclecloud_node()
+    assert run(node, apt).returncode == 0
+    assert apt.status("enroot") == "hold ok installed|4.2.1-1"
+    rerun = cyclecloud_reinstalls_enroot(node, apt, tmp_path)
+    assert rerun.returncode == 100, rerun.stdout[-3000:] + rerun.stderr
+    assert "The following packages need to be installed" in rerun.stdout
+    assert "end of file on stdin at conffile prompt" in rerun.stdout + rerun.stderr
+    assert "Successfully installed all required packages" not in rerun.stdout
+    # unpacked, not configured, and no longer held (apt-mark hold, line 54, never ran)
+    assert apt.status("enroot") == "install ok unpacked|4.0.1-1"
+    # install.py writes /etc/azslurm-bins.installed only after a success, so the next converge
+    # reruns it: "iU" is not "^[hi]i", it installs again and stops at the same prompt
+    again = cyclecloud_reinstalls_enroot(node, apt, tmp_path)
+    assert again.returncode == 100 and "end of file on stdin at conffile prompt" in again.stdout + again.stderr
+    # the way out the admin guide gives: configure it keeping the node's enroot.conf; the rerun then
+    # finds 4.0.1 and succeeds, and this installer upgrades it again
+    fixed = subprocess.run(["dpkg", f"--log={node.root}/var/log/dpkg.log", "--configure", "-a", "--force-confdef",
+                            "--force-confold"], env=node.env(apt.env),
+                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    assert apt.status("enroot") == "install ok installed|4.0.1-1"
+    assert cyclecloud_reinstalls_enroot(node, apt, tmp_path).returncode == 0
+    assert run(node, apt).returncode == 0 and apt.status("enroot") == "install ok installed|4.2.1-1"
+
+    kept, kept_apt = cyclecloud_node({"lingjun_slurm.enroot.min_version": "4.0.1"})
+    assert run(kept, kept_apt).returncode == 0
+    rerun = cyclecloud_reinstalls_enroot(kept, kept_apt, tmp_path)
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr
+    assert "All required packages are already installed" in rerun.stdout
+    assert kept_apt.status("enroot") == "hold ok installed|4.0.1-1"
+
+
+def test_the_admin_guide_says_what_the_rerun_does():
+    """docs/admin-guide.md describes the rerun as the test above shows it, citing the fixture's lines,
+    and the fixture is the file its SOURCES.md names (no real apt needed)."""
+    import hashlib
+    sources = (CYCLECLOUD_UBUNTU_SH.parent / "SOURCES.md").read_text()
+    assert hashlib.sha256(CYCLECLOUD_UBUNTU_SH.read_bytes()).hexdigest() in sources
+    lines = CYCLECLOUD_UBUNTU_SH.read_text().splitlines()
+    assert lines[40].strip().startswith('if ! dpkg -l | grep "^[hi]i  ${base_pkg}"')  # line 41
+    assert "--allow-downgrades --allow-change-held-packages" in lines[50]  # line 51
+    assert lines[53].strip() == "apt-mark hold $packages_to_hold"  # line 54
+    guide = " ".join((Path(__file__).resolve().parents[2] / "docs" / "admin-guide.md").read_text().split())
+    for words in ("`run_installer`, lines 256-291", "(line 41)", "--allow-change-held-packages` (line 51)",
+                  "`end of file on stdin at conffile prompt`",
+                  "test_a_cyclecloud_rerun_over_the_upgraded_enroot_stops_at_the_conffile_prompt",
+                  "sudo dpkg --configure -a --force-confdef --force-confold"):
+        assert words in guide, words
 
 
 def test_unheld_old_enroot_is_upgraded_and_not_held(cyclecloud_node):
