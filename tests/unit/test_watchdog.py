@@ -342,3 +342,27 @@ def test_hung_ranks_get_their_stacks_dumped_and_the_step_ended(tmp_path: Path) -
         if launcher.poll() is None:
             launcher.kill()
             launcher.wait()
+
+
+def test_the_probe_reads_each_ranks_process_state_before_any_signal(tmp_path: Path) -> None:
+    """Actions.probe (local executor: /proc directly): a stopped rank reads T, a waiting one S,
+    one whose process is gone 'gone'; exclusion.stuck_by_state then names only the stopped one's node."""
+    from lingjun_slurm import exclusion
+
+    waiting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    stopped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        os.kill(stopped.pid, signal.SIGSTOP)
+        time.sleep(0.3)
+        for node, rank, pid in (("n1", 0, waiting.pid), ("n2", 1, stopped.pid), ("n3", 2, 999999999)):
+            (tmp_path / f"{node}-rank{rank}-pid{pid}.txt").write_text("# header\n")
+        states = wd.Actions("local", os.getpid(), None).probe(str(tmp_path))
+        by_rank = {s["rank"]: (s["node"], s["state"]) for s in states}
+        assert by_rank == {0: ("n1", "S"), 1: ("n2", "T"), 2: ("n3", "gone")}, states
+        assert exclusion.stuck_by_state(states) == {"n2": [(1, "stopped")], "n3": [(2, "gone")]}
+        # every rank alike (the whole job stopped): no node to blame
+        assert exclusion.stuck_by_state([{**s, "state": "T"} for s in states]) == {}
+    finally:
+        for p in (waiting, stopped):
+            p.kill()
+            p.wait()
