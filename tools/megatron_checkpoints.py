@@ -14,8 +14,15 @@ with CROSS_ARGV, the tiny GPT of tests/train/helpers.py cross_plan() (2 layers, 
   1. 0 -> 6 uninterrupted, saving at 3 and 6: the losses of every step ("straight") and
      iter_0000003 (the fixture; iteration 6 is dropped);
   2. Megatron-LM resuming a copy of iter_0000003 with default flags -> 6 ("resumed");
-  3. with --builtin-resume: the builtin trainer (this checkout) 0 -> 3, then Megatron-LM resuming
-     that checkpoint with default flags (no --no-load-rng) -> 6 ("builtin_resumed").
+  3. with --builtin-resume: the builtin trainer (this checkout, declared as that version) 0 -> 3,
+     then Megatron-LM resuming that checkpoint with default flags (no --no-load-rng) -> 6
+     ("builtin_resumed"); and the builtin, on the revision's own megatron-core (its megatron/ first
+     on PYTHONPATH), resuming Megatron-LM's iteration 3 -> 6 ("builtin_resumes_megatron": losses,
+     or the line it failed with). --builtin-resume-only reruns just that last step on the committed
+     fixtures.
+
+--declare VERSION names the release when package_info.py says otherwise (core_v0.19.0 says 0.19.1);
+the null tokenizer's --vocab-size follows it (127 up to 0.17, 128 from 0.18: 128 ids, eod 127).
 
 OUT/REV_NAME/LAYOUT/ holds latest_checkpointed_iteration.txt, iter_0000003/ and losses.json
 (each run's losses per iteration and its command); OUT/corpus_text_document.{bin,idx} is the corpus
@@ -28,7 +35,9 @@ cpu_compat's emulated device generator (dropout draws from it, the DataLoaders' 
 generator, as on a GPU), null CUDA streams/events, no-op empty_cache / memory stats, no fused-kernel
 build or JIT warm-up, typing.override on Python < 3.12, initialize_megatron(allow_no_cuda=True),
 and the dataset index helper (megatron/core/datasets/helpers_cpp) taken from the project venv's
-megatron-core when the revision's helpers.cpp is the same file (else the run stops).
+megatron-core when the revision's helpers.cpp is the same file, else built in the temp dir by the
+revision's Makefile (pybind11 installed into --python's venv when missing). Shims only some
+revisions need (fused_kernels up to 0.17) are recorded by the child as it applies them.
 """
 
 from __future__ import annotations
@@ -271,6 +280,29 @@ def _builtin(tmp: Path, layout: str, data: Path, declared: str) -> Path:
     return work / "ckpt"
 
 
+def _builtin_resume(py: str, src: Path, tmp: Path, layout: str, data: Path, declared: str, fixture: Path) -> dict:
+    """The builtin (this checkout), declared as that version and running on the revision's own
+    megatron-core (its megatron/ first on PYTHONPATH, as in an image that carries that Megatron-LM),
+    resumes Megatron-LM's iteration 3 -> 6: its losses, or the line it failed with."""
+    from tests.train.helpers import cross_plan, launch_env, losses, stage_command, write_plan
+
+    work = tmp / f"builtin-resume-{layout}"
+    work.mkdir()
+    shutil.copytree(fixture, work / "ckpt", ignore=shutil.ignore_patterns("losses.json"))
+    plan = write_plan(work, cross_plan(work, data, version=declared, ckpt_dir=work / "ckpt", **PLAN_LAYOUT[layout]))
+    cmd = [py if c == sys.executable else c for c in stage_command(plan, LAYOUTS[layout][0])]
+    env = launch_env(LAYOUTS[layout][0], PYTHONPATH=os.pathsep.join([str(tmp / "site"), str(src), str(REPO)]))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=str(REPO))
+    (tmp / f"log-{layout}-builtin-resume.txt").write_text(proc.stdout + proc.stderr)
+    record: dict = {"megatron_core": f"{src}/megatron/core".replace(str(tmp), "$TMP"), "rc": proc.returncode}
+    if proc.returncode == 0:
+        record["losses"] = {str(k): v for k, v in sorted(losses(work).items())}
+    else:
+        record["error"] = next((line for line in proc.stderr.splitlines() if line.startswith("lingjun-slurm: train:")),
+                               proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "")[:2000]
+    return record
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("git_dir")
@@ -281,6 +313,8 @@ def main() -> None:
     ap.add_argument("--layouts", default=",".join(LAYOUTS))
     ap.add_argument("--builtin-resume", action="store_true")
     ap.add_argument("--declare", help="megatron_lm.version of that revision (default: its package_info.py's)")
+    ap.add_argument("--builtin-resume-only", action="store_true",
+                    help="only (re)run the builtin resuming the committed checkpoints of REV on REV's megatron-core")
     ap.add_argument("--keep-tmp", action="store_true", help="keep the temp dir (logs, checkpoints) for debugging")
     a = ap.parse_args()
     from tests.train.helpers import make_cross_dataset
@@ -303,6 +337,15 @@ def main() -> None:
             (f" --declare {a.declare}" if a.declare else "")
         for layout in a.layouts.split(","):
             dest = out / name / layout
+            if a.builtin_resume_only:  # the committed fixture as it is; only its builtin_resumes_megatron again
+                record = json.loads((dest / "losses.json").read_text())
+                (tmp / "site").mkdir(exist_ok=True)
+                (tmp / "site" / "sitecustomize.py").write_text(SITECUSTOMIZE)
+                record["builtin_resumes_megatron"] = _builtin_resume(a.python, src, tmp, layout, data, declared, dest)
+                record["builtin_resumes_megatron"]["made"] = dt.date.today().isoformat()
+                (dest / "losses.json").write_text(json.dumps(record, indent=1) + "\n")
+                print(layout, json.dumps(record["builtin_resumes_megatron"]), flush=True)
+                continue
             ckpt = tmp / f"ckpt-{layout}"
             record: dict = {"revision": a.rev, "commit": commit, "commit_date": commit_date,
                             "declared_version": declared, "layout": layout, "saved_at": SAVED_AT,
@@ -326,8 +369,10 @@ def main() -> None:
                 record["builtin_resumed"] = _megatron(a.python, src, tmp, layout, bck, data,
                                                       ["--save-interval", "1000"], "builtin", declared)
                 record["builtin_resumed"].pop("shims")
+                record["builtin_resumes_megatron"] = _builtin_resume(a.python, src, tmp, layout, data, declared, dest)
             (dest / "losses.json").write_text(json.dumps(record, indent=1) + "\n")
-            print(layout, json.dumps({k: record[k]["losses"] for k in ("straight", "resumed", "builtin_resumed")
+            print(layout, json.dumps({k: record[k].get("losses", record[k].get("error")) for k in
+                                      ("straight", "resumed", "builtin_resumed", "builtin_resumes_megatron")
                                       if k in record}), flush=True)
     finally:
         if a.keep_tmp:

@@ -29,6 +29,10 @@ megatron-core needs it (module paths below megatron.core):
   distributed.param_and_grad_buffer (DDP buffers), pipeline_parallel.p2p_communication,
   the distributed optimizer's shard buffers.
 - torch.cuda.synchronize() -> no-op: pipeline p2p, the async checkpoint writer.
+- torch.cuda.current_stream() -> a null stream (wait_event / wait_stream / synchronize do nothing):
+  from megatron-core 0.19 the DDP's start_grad_sync asks for it on every step
+  (distributed/param_and_grad_buffer.py, core_v0.19.0 :632, main d98e8a6 :638); 0.16 .. 0.18 never
+  reach it on the CPU.
 - DeviceMode (a torch.overrides.TorchFunctionMode): device="cuda" (or a bare ordinal) -> "cpu"
   in every torch call (pipeline_parallel.schedules' total_num_tokens, the optimizer's found_inf
   and loss-scale tensors, clip_grads' buffers, utils.local_multi_tensor_l2_norm,
@@ -194,6 +198,19 @@ def is_active() -> bool:
     return _State.active
 
 
+class _NullStream:
+    """torch.cuda.current_stream() on the CPU: every op is already synchronous."""
+
+    def wait_event(self, *_a: Any, **_k: Any) -> None:
+        pass
+
+    def wait_stream(self, *_a: Any, **_k: Any) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
 def _patch(obj: Any, name: str, value: Any) -> None:
     _State.saved.append((obj, name, getattr(obj, name)))
     setattr(obj, name, value)
@@ -210,6 +227,7 @@ def activate(force: bool = False) -> bool:
     _State.mode = DeviceMode(DeviceGenerator())
     _patch(torch.cuda, "current_device", lambda: "cpu")
     _patch(torch.cuda, "synchronize", lambda *a, **k: None)
+    _patch(torch.cuda, "current_stream", lambda *a, **k: _NullStream())
     for module in (torch.cuda, torch.cuda.random):
         _patch(module, "get_rng_state", _cuda_get_rng_state)
         _patch(module, "set_rng_state", _cuda_set_rng_state)

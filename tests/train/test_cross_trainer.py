@@ -1,10 +1,11 @@
 """Checkpoints that cross between Megatron-LM's pretrain_gpt.py and the builtin trainer.
 
-The fixtures under tests/fixtures/megatron/checkpoints/ were saved by Megatron-LM core_v0.16.1's own
-pretrain_gpt.py on the CPU (tools/megatron_checkpoints.py; provenance in SOURCES.md): the tiny GPT
-of helpers.cross_plan() at iteration 3 of 6, 1 process, DP=2 with the distributed optimizer, TP=2
-and PP=2, with the losses of Megatron-LM's uninterrupted run and of its own resume. Also kept: the
-builtin's checkpoints from before it saved Megatron-LM's RNG layout (rng by (pp, tp, dp)).
+The fixtures under tests/fixtures/megatron/checkpoints/<revision>/ were saved by Megatron-LM's own
+pretrain_gpt.py on the CPU at every pinned revision in VERSIONS (tools/megatron_checkpoints.py;
+provenance in SOURCES.md): the tiny GPT of helpers.cross_plan() at iteration 3 of 6, 1 process, DP=2
+with the distributed optimizer, TP=2 and PP=2, with the losses of Megatron-LM's uninterrupted run,
+of its own resume and of its resume of the builtin's checkpoint. Also kept: the builtin's
+checkpoints from before it saved Megatron-LM's RNG layout (rng by (pp, tp, dp)).
 
 Both trainers run with lingjun_slurm.train.cpu_compat, whose emulated CUDA generator is what dropout
 draws from (as on a GPU), apart from the CPU generator that Megatron-LM's DataLoaders draw from on
@@ -25,17 +26,32 @@ import pytest
 from .helpers import CROSS_SAVED_AT, REPO, cross_plan, losses, run_stage, write_plan
 
 FIXTURES = REPO / "tests" / "fixtures" / "megatron" / "checkpoints"
-MLM = FIXTURES / "core_v0.16.1"
+# declared megatron_lm.version -> the checkpoints Megatron-LM at that pinned revision saved (SOURCES.md)
+VERSIONS = {"0.16.1": FIXTURES / "core_v0.16.1", "0.17.1": FIXTURES / "core_v0.17.1",
+            "0.18.2": FIXTURES / "core_v0.18.2", "0.19.0": FIXTURES / "core_v0.19.0",
+            "0.20.0": FIXTURES / "main-d98e8a64ddf3"}
+MLM = VERSIONS["0.16.1"]
 OLD = FIXTURES / "builtin-rng-pp-tp-dp"
 LAYOUTS = {"single": ({}, 1), "dp2": ({"distributed_optimizer": True}, 2), "tp2": ({"tensor": 2}, 2),
            "pp2": ({"pipeline": 2}, 2)}
+# From megatron-core 0.19 (Megatron-LM commit 40b1fd37c1 "deprecate common strategy", first in
+# core_v0.19.0) dist_checkpointing.save writes no common.pt: the common state (args, iteration, ...)
+# is the ShardedObject "common_state" inside the .distcp shards (serialization.py save, core_v0.19.0
+# :439-445; read back by load_common_state_dict :206-233), and metadata.json has no common_backend.
+# The builtin's pre-resume check (lingjun_slurm/checkpoint/verify.py _check_common) requires
+# common.pt: the builtin does not resume these checkpoints yet (recorded by the script).
+COMMON_IN_SHARDS = ("0.19.0", "0.20.0")
+# The builtin runs here on the project's megatron-core (0.16), which reads the common state of
+# checkpoints up to 0.17.1 only: from core_v0.18.0 Megatron-LM's args hold
+# megatron.core.transformer.enums.InferenceCudaGraphScope (core_v0.18.2 enums.py:101), which 0.16
+# does not have, so common.pt does not unpickle. The script ran the builtin on each revision's own
+# megatron-core instead (losses.json "builtin_resumes_megatron", test_the_builtin_on_that_megatron_core...).
+READABLE_HERE = ("0.16.1", "0.17.1")
+# What runs the builtin live: every layout at the floor, 1 process at 0.17.1 (2 processes on CI's
+# 2 cores are the slow half). Megatron-LM's records of every version and layout are checked
+# without running anything.
+RESUME_CASES = [(v, layout) for v in READABLE_HERE for layout in LAYOUTS if layout == "single" or v == "0.16.1"]
 TOL = 1e-5  # every layout: the trainers reduce the loss in float32 (Megatron-LM) and float64 (builtin)
-
-
-@pytest.fixture(autouse=True)
-def _megatron() -> None:
-    pytest.importorskip("megatron.core", reason="needs megatron-core (pip install '.[megatron]')")
-    pytest.importorskip("psutil", reason="dist_checkpointing.save hangs without psutil")
 
 
 def _setup(tmp: Path, ckpt: Path | None, layout: str, **extra) -> Path:
@@ -97,14 +113,16 @@ def _same_rng(a: dict, b: dict) -> list[str]:
     return differ
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_builtin_resumes_megatron_lm_checkpoint(layout: str, tmp_path: Path) -> None:
-    """The builtin resumes iteration 3 that Megatron-LM saved and continues Megatron-LM's uninterrupted
-    run: the RNG state, optimizer (distributed or not), scheduler and data position all came back.
-    That is also the builtin's own resume (bit-identical to its uninterrupted run, test_trainer.py)
-    and Megatron-LM's own (its record)."""
-    rec = _record(MLM, layout)
-    proc = run_stage(_setup(tmp_path, MLM / layout, layout), ntasks=LAYOUTS[layout][1])
+@pytest.mark.parametrize(("version", "layout"), RESUME_CASES)
+def test_builtin_resumes_megatron_lm_checkpoint(version: str, layout: str, tmp_path: Path) -> None:
+    """The builtin, declared as that Megatron-LM version, resumes iteration 3 that Megatron-LM of
+    that version saved and continues Megatron-LM's uninterrupted run: the RNG state, optimizer
+    (distributed or not), scheduler and data position all came back. That is also the builtin's own
+    resume (bit-identical to its uninterrupted run, test_trainer.py) and Megatron-LM's own (its record)."""
+    root = VERSIONS[version]
+    rec = _record(root, layout)
+    assert rec.get("declared_version", "0.16.1") == version
+    proc = run_stage(_setup(tmp_path, root / layout, layout, version=version), ntasks=LAYOUTS[layout][1])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"resumed from {tmp_path / 'ckpt'}/iter_0000003" in proc.stdout
     assert "RNG states start fresh" not in proc.stdout + proc.stderr
@@ -113,26 +131,38 @@ def test_builtin_resumes_megatron_lm_checkpoint(layout: str, tmp_path: Path) -> 
     straight = {int(k): v for k, v in rec["straight"]["losses"].items()}
     assert max(abs(got[i] - straight[i]) for i in got) < TOL, (got, straight)
     # the builtin saved Megatron-LM's layout again
-    assert _rng_keys(tmp_path / "ckpt" / "iter_0000006") == _rng_keys(MLM / layout / "iter_0000003")
+    assert _rng_keys(tmp_path / "ckpt" / "iter_0000006") == _rng_keys(root / layout / "iter_0000003")
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_fresh_builtin_run_equals_megatron_lms(layout: str, tmp_path: Path) -> None:
     """Same settings, same data: the builtin's steps 1-6 are Megatron-LM's (to float32), dropout
     included, and at iteration 3 it saved the RNG state Megatron-LM saved, every generator of every
-    (pp, tp) rank bit for bit. So a cross-trainer resume equals the same trainer's resume, both ways."""
-    rec = _record(MLM, layout)
+    (pp, tp) rank bit for bit, at every pinned version (their runs differ by float32 rounding at
+    most; the builtin's run does not depend on the declared version). So a cross-trainer resume
+    equals the same trainer's resume, both ways."""
     proc = run_stage(_setup(tmp_path, None, layout), ntasks=LAYOUTS[layout][1])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     got = losses(tmp_path)
+    ours = _rng_states(tmp_path / "ckpt" / "iter_0000003")
+    for version, root in VERSIONS.items():
+        straight = {int(k): v for k, v in _record(root, layout)["straight"]["losses"].items()}
+        assert sorted(got) == sorted(straight) == list(range(1, 7)), version
+        assert max(abs(got[i] - straight[i]) for i in got) < TOL, (version, got, straight)
+        theirs = _rng_states(root / layout / "iter_0000003")
+        assert sorted(ours) == sorted(theirs), version
+        assert {k: _same_rng(ours[k], theirs[k]) for k in ours} == {k: [] for k in ours}, version
+
+
+@pytest.mark.parametrize("version", list(VERSIONS))
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_megatron_lm_resumed_the_builtins_checkpoint(version: str, layout: str) -> None:
+    """The script's record: Megatron-LM of that version resumed the builtin's checkpoint (the builtin
+    declared as that version) with default flags exactly as its own, and its own resume continues
+    its straight run (the RNG states hold everything dropout needs)."""
+    rec = _record(VERSIONS[version], layout)
     straight = {int(k): v for k, v in rec["straight"]["losses"].items()}
-    assert sorted(got) == sorted(straight) == list(range(1, 7))
-    assert max(abs(got[i] - straight[i]) for i in got) < TOL, (got, straight)
-    ours, theirs = _rng_states(tmp_path / "ckpt" / "iter_0000003"), _rng_states(MLM / layout / "iter_0000003")
-    assert sorted(ours) == sorted(theirs)
-    assert {k: _same_rng(ours[k], theirs[k]) for k in ours} == {k: [] for k in ours}
-    # Megatron-LM resumed the builtin's checkpoint with default flags exactly as its own (the script's
-    # record), and its own resume continues its straight run (the RNG states hold everything dropout needs)
+    assert sorted(rec["builtin_resumed"]["losses"]) == ["4", "5", "6"]
     assert rec["builtin_resumed"]["losses"] == rec["resumed"]["losses"]
     assert "--no-load-rng" not in rec["builtin_resumed"]["argv"]
     assert max(abs(v - straight[int(k)]) for k, v in rec["resumed"]["losses"].items()) < TOL
@@ -152,6 +182,41 @@ def test_checkpoints_of_the_earlier_builtin_still_resume(layout: str, tmp_path: 
     assert sorted(got) == [4, 5, 6]
     assert max(abs(got[i] - straight[i]) for i in got) < 1e-6, (got, straight)
     assert len(_rng_keys(tmp_path / "ckpt" / "iter_0000006")[0].split("_")[-1].split(".")) == 2
+
+
+@pytest.mark.parametrize("version", list(VERSIONS))
+def test_where_the_common_state_is(version: str) -> None:
+    """What COMMON_IN_SHARDS says about each version's checkpoints, on the committed files."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    for layout in LAYOUTS:
+        iter_dir = VERSIONS[version] / layout / "iter_0000003"
+        config = json.loads((iter_dir / "metadata.json").read_text())
+        keys = FileSystemReader(str(iter_dir)).read_metadata().state_dict_metadata
+        if version in COMMON_IN_SHARDS:
+            assert not (iter_dir / "common.pt").exists() and "common_backend" not in config, layout
+            assert "common_state/shard_0_1" in keys, layout
+        else:
+            assert (iter_dir / "common.pt").is_file() and config["common_backend"] == "torch", layout
+            assert not any(k.startswith("common_state") for k in keys), layout
+
+
+@pytest.mark.parametrize("version", list(VERSIONS))
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_the_builtin_on_that_megatron_core_resumed_megatron_lms_checkpoint(version: str, layout: str) -> None:
+    """The script's record of the builtin (this project's trainer at the commit of the fixtures),
+    declared as that version and running on the revision's own megatron-core, resuming iteration 3
+    that Megatron-LM saved: Megatron-LM's straight run to TOL, up to 0.18.2; from 0.19 the
+    pre-resume check refuses the checkpoint for its missing common.pt (COMMON_IN_SHARDS)."""
+    rec = _record(VERSIONS[version], layout)
+    got = rec["builtin_resumes_megatron"]
+    if version in COMMON_IN_SHARDS:
+        assert got["rc"] == 1 and got["error"].endswith("(iter_0000003: common.pt is missing); the damaged "
+                                                        "directories were left as they are"), got
+        return
+    straight = {k: v for k, v in rec["straight"]["losses"].items()}
+    assert got["rc"] == 0 and sorted(got["losses"]) == ["4", "5", "6"], got
+    assert max(abs(v - straight[k]) for k, v in got["losses"].items()) < TOL, (got, straight)
 
 
 def test_damaged_checkpoint_is_one_line_without_traceback(tmp_path: Path) -> None:
