@@ -157,11 +157,55 @@ def _check_shards(torch: Any, iter_dir: Path) -> tuple[list[str], int, dict[str,
     return problems, sum(items.values()), needed
 
 
+COMMON_STATE = "common_state/"  # megatron-core >= 0.19: the ShardedObject that replaced common.pt
+COMMON_IN_SHARDS_FROM = (0, 19)
+
+
+def _common_in_shards(iter_dir: Path) -> bool:
+    """Whether the checkpoint keeps its common state inside the shards, as megatron-core 0.19 and
+    later save it: no common.pt, no "common_backend" in metadata.json, and the ShardedObject
+    "common_state/shard_0_1" in .metadata (Megatron-LM commit 40b1fd37c1 "deprecate common
+    strategy", first in core_v0.19.0: dist_checkpointing/serialization.py save :439-445, and
+    load_common_state_dict :206-233, which still reads a legacy common.pt)."""
+    try:
+        config = json.loads((iter_dir / MEGATRON_CONFIG).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(config, dict) or "common_backend" in config:
+        return False
+    try:
+        from torch.distributed.checkpoint import FileSystemReader
+
+        with _quiet():
+            keys = FileSystemReader(str(iter_dir)).read_metadata().state_dict_metadata
+    except Exception:  # a damaged .metadata: _check_shards says so
+        return False
+    return any(str(k).startswith(COMMON_STATE) for k in keys)
+
+
+def _megatron_core_version() -> tuple[int, ...] | None:
+    try:
+        with _quiet():
+            from megatron.core import package_info
+    except ImportError:
+        return None
+    from ..stages.runtime import version_tuple
+
+    return version_tuple(str(getattr(package_info, "__version__", ""))) or None
+
+
 def _check_common(torch: Any, iter_dir: Path, iteration: int | str, notes: list[str]) -> tuple[list[str], bool]:
-    """(problems, loadable with weights_only=True)."""
+    """(problems, loadable with weights_only=True: False also when there is no common.pt to load)."""
     path = iter_dir / COMMON
     if not path.is_file():
-        return [f"{COMMON} is missing"], False
+        if not _common_in_shards(iter_dir):
+            return [f"{COMMON} is missing"], False
+        have = _megatron_core_version()
+        if have is not None and have < COMMON_IN_SHARDS_FROM:
+            return [f"saved by megatron-core >= 0.19 (its common state is inside the shards, no {COMMON}), which "
+                    f"this megatron-core {'.'.join(map(str, have))} cannot load: run with megatron-core >= 0.19"], False
+        notes.append(f"no {COMMON}: the common state is the shards' {COMMON_STATE}shard_0_1 (megatron-core >= 0.19)")
+        return [], False
     try:
         with zipfile.ZipFile(path) as zf:
             bad = zf.testzip()

@@ -38,8 +38,8 @@ LAYOUTS = {"single": ({}, 1), "dp2": ({"distributed_optimizer": True}, 2), "tp2"
 # core_v0.19.0) dist_checkpointing.save writes no common.pt: the common state (args, iteration, ...)
 # is the ShardedObject "common_state" inside the .distcp shards (serialization.py save, core_v0.19.0
 # :439-445; read back by load_common_state_dict :206-233), and metadata.json has no common_backend.
-# The builtin's pre-resume check (lingjun_slurm/checkpoint/verify.py _check_common) requires
-# common.pt: the builtin does not resume these checkpoints yet (recorded by the script).
+# The builtin's pre-resume check (lingjun_slurm/checkpoint/verify.py _check_common) takes that
+# layout from megatron-core 0.19 on and refuses it, in one line, on an older megatron-core.
 COMMON_IN_SHARDS = ("0.19.0", "0.20.0")
 # The builtin runs here on the project's megatron-core (0.16), which reads the common state of
 # checkpoints up to 0.17.1 only: from core_v0.18.0 Megatron-LM's args hold
@@ -206,17 +206,30 @@ def test_where_the_common_state_is(version: str) -> None:
 def test_the_builtin_on_that_megatron_core_resumed_megatron_lms_checkpoint(version: str, layout: str) -> None:
     """The script's record of the builtin (this project's trainer at the commit of the fixtures),
     declared as that version and running on the revision's own megatron-core, resuming iteration 3
-    that Megatron-LM saved: Megatron-LM's straight run to TOL, up to 0.18.2; from 0.19 the
-    pre-resume check refuses the checkpoint for its missing common.pt (COMMON_IN_SHARDS)."""
+    that Megatron-LM saved: Megatron-LM's straight run to TOL, at every version (from 0.19 with
+    the common state inside the shards, COMMON_IN_SHARDS)."""
     rec = _record(VERSIONS[version], layout)
     got = rec["builtin_resumes_megatron"]
-    if version in COMMON_IN_SHARDS:
-        assert got["rc"] == 1 and got["error"].endswith("(iter_0000003: common.pt is missing); the damaged "
-                                                        "directories were left as they are"), got
-        return
     straight = {k: v for k, v in rec["straight"]["losses"].items()}
     assert got["rc"] == 0 and sorted(got["losses"]) == ["4", "5", "6"], got
     assert max(abs(v - straight[k]) for k, v in got["losses"].items()) < TOL, (got, straight)
+
+
+def test_a_checkpoint_of_megatron_core_0_19_is_refused_in_one_line_on_an_older_one(tmp_path: Path) -> None:
+    """The project's megatron-core (0.16) cannot read the common state that 0.19 keeps inside the
+    shards: the pre-resume check says so and which version is needed, instead of megatron-core's
+    "'str' object has no attribute 'iterdir'" (strategies/common.py:96 at 0.16.1)."""
+    from megatron.core import package_info
+
+    if tuple(int(x) for x in package_info.__version__.split(".")[:2]) >= (0, 19):
+        pytest.skip("this megatron-core reads the layout")
+    plan = _setup(tmp_path, VERSIONS["0.19.0"] / "single", "single")
+    proc = run_stage(plan, timeout=120)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("lingjun-slurm: train:")]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "iter_0000003: saved by megatron-core >= 0.19 (its common state is inside the shards, no common.pt), " \
+           f"which this megatron-core {package_info.__version__} cannot load: run with megatron-core >= 0.19" in lines[0]
 
 
 def test_damaged_checkpoint_is_one_line_without_traceback(tmp_path: Path) -> None:
