@@ -1,0 +1,332 @@
+"""Fault injection on a real (one-host) Slurm cluster: what each fault costs a training run.
+
+    python bench/faults.py [--faults NAME,...] [--base-port 17800] [--keep]
+
+Starts its own 4-node dev cluster (lingjun_slurm/devcluster.py, SlurmdTimeout=10 so a lost node
+is noticed in seconds), runs the tiny GPT of tests/integration/faults.py (builtin trainer, CPU,
+DP=2 over two nodes, 40 iterations, a checkpoint every 10, pre-flight on, hang_timeout 15 s)
+once without a fault (the reference, measured in the same run) and once per fault, and prints
+one row per fault:
+
+  survived       the run reached its last iteration with a checkpoint that verifies, without
+                 a person stepping in (the note says when one had to)
+  lost           iterations trained again: the iteration reached at the fault minus the one
+                 the next attempt resumed from (at most the save interval, 10, is the goal)
+  recover_s      from the fault to the first new iteration after the resume
+  x_ref          the train stage's wall time over the reference run's
+
+Faults (each on rank 1 / its node, after the checkpoint at iteration 10):
+  sigkill        SIGKILL of one rank mid-step
+  sigstop        SIGSTOP of one rank: a hang (the watchdog, then the node excluded)
+  node-lost      the node's slurmd, its slurmstepds and tasks SIGKILLed (a machine gone)
+  ckpt-flip      a byte flipped in the latest checkpoint (iteration 20's common.pt), then the
+                 rank killed: the resume falls back to the newest checkpoint that passes
+  disk-full      the checkpoint directory (a 4-checkpoint tmpfs) filled during the run
+  ctld-submit    slurmctld killed and restarted while `submit` sends the chain
+  ctld-status    slurmctld killed while `status` asks, then restarted
+
+Needs root (the dev cluster, tmpfs), Slurm, munge. Writes only under a temporary directory
+(removed unless --keep). Not a test: nothing here has a threshold; tests/integration/
+test_faults_slurm.py checks a representative few.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from lingjun_slurm.devcluster import DevCluster, DevClusterConfig  # noqa: E402
+from tests.integration.faults import (first_train_after, flip_byte, last_iteration, lose_node,  # noqa: E402
+                                      resumes, tracker, train_spec, wait_for_rank, wait_until)
+
+ITERATIONS, SAVE = 40, 10
+FAULTS = ("sigkill", "sigstop", "node-lost", "ckpt-flip", "disk-full", "ctld-submit", "ctld-status")
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
+         "PREEMPTED"}
+
+
+@dataclass
+class Row:
+    fault: str
+    survived: str
+    lost: Optional[int]
+    recover_s: Optional[float]
+    wall_s: Optional[float]
+    note: str = ""
+
+
+class Bench:
+    def __init__(self, tmp: Path, base_port: int) -> None:
+        self.tmp = tmp
+        self.cluster = DevCluster(DevClusterConfig(root=tmp / "cluster", base_port=base_port, nodes=4, cpus_per_node=2,
+                                                   gpus_per_node=0, cluster_name="faults", slurmd_timeout=10))
+        self.env = {**os.environ, **self.cluster.env, "LINGJUN_STATE_DIR": str(tmp / "state"),
+                    "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+        self.spawned: list[subprocess.Popen] = []
+        self.prefix: Optional[str] = None
+        self.ref_wall: Optional[float] = None
+
+    # ---------------------------------------------------------------- plumbing
+    def cli(self, *args: str, env: Optional[dict[str, str]] = None, timeout: float = 180) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "lingjun_slurm.cli", *args], env=env or self.env,
+                              capture_output=True, text=True, timeout=timeout)
+
+    def submit(self, spec: Path, env: Optional[dict[str, str]] = None) -> tuple[str, Path]:
+        proc = self.cli("submit", str(spec), "--executor", "slurm", env=env)
+        if proc.returncode != 0:
+            raise RuntimeError(f"submit failed: {proc.stdout}{proc.stderr}")
+        line = next(x for x in proc.stdout.splitlines() if x.startswith("submitted run "))
+        run_id = line.split()[2]
+        return run_id, spec.parent / spec.stem / "runs" / run_id
+
+    def stages(self, run_id: str) -> dict[str, dict[str, Any]]:
+        proc = self.cli("status", run_id, "--json")
+        try:
+            return {s["name"]: s for s in json.loads(proc.stdout)["runs"][0]["stages"]}
+        except (ValueError, KeyError, IndexError):
+            return {}
+
+    def wait_ended(self, run_id: str, timeout: float = 600) -> dict[str, dict[str, Any]]:
+        return wait_until(lambda: (lambda s: s if s and all(x["state"] in ENDED | {"NOT_SUBMITTED"}
+                                                            for x in s.values()) else None)(self.stages(run_id)),
+                          timeout, f"run {run_id} to end", poll=3)
+
+    @staticmethod
+    def train_wall(run_dir: Path) -> Optional[float]:
+        """First start to last end of the train job (the jobs/<id> markers)."""
+        manifest = json.loads((run_dir / "manifest.json").read_text())
+        job = next(s for s in manifest["stages"] if s["name"] == "train")["job_ids"][0]
+        lines = [x.split() for x in (run_dir / "jobs" / job).read_text().splitlines()]
+        starts = [int(x[1]) for x in lines if x and x[0] == "start"]
+        ends = [int(x[1]) for x in lines if x and x[0] == "end"]
+        return float(ends[-1] - starts[0]) if starts and ends else None
+
+    def verified(self, ckpt: Path) -> bool:
+        return self.cli("checkpoint", "verify", str(ckpt)).returncode == 0
+
+    def spec(self, name: str, **kw: Any) -> Path:
+        return train_spec(self.tmp, name, data_prefix=self.prefix, iterations=ITERATIONS, save_interval=SAVE,
+                          hang_timeout=15, preflight=True, **kw)
+
+    def outcome(self, fault: str, run_id: str, run_dir: Path, ckpt: Path, at: int, t_fault: float,
+                note: str = "", survived_if: Callable[[dict], bool] = lambda s: True) -> Row:
+        stages = self.wait_ended(run_id)
+        train = stages.get("train", {})
+        done = train.get("state") == "COMPLETED" and last_iteration(run_dir) == ITERATIONS and \
+            tracker(ckpt) == ITERATIONS and self.verified(ckpt) and survived_if(train)
+        after = [r for r in resumes(run_dir) if r["time"] > t_fault]
+        resumed = after[0]["iteration"] if after else None
+        first = first_train_after(run_dir, after[0]["time"]) if after else None  # the resumed attempt's first
+        recover = round(first["time"] - t_fault, 1) if first and after else None
+        wall = self.train_wall(run_dir)
+        extra = f"restarts {train.get('restarts')}" + (f"; {train['reason']}" if train.get("reason") else "")
+        return Row(fault, "yes" if done else f"no ({train.get('state')})", at - resumed if resumed is not None else None,
+                   recover, wall, "; ".join(x for x in (note, extra) if x))
+
+    # ---------------------------------------------------------------- runs
+    def reference(self) -> Row:
+        spec = train_spec(self.tmp, "reference", iterations=ITERATIONS, save_interval=SAVE, hang_timeout=15,
+                          preflight=True)
+        run_id, run_dir = self.submit(spec)
+        stages = self.wait_ended(run_id)
+        self.prefix = json.loads((run_dir / "plan.json").read_text())["settings"]["data"]["train_prefix"]
+        self.ref_wall = self.train_wall(run_dir)
+        ok = stages["train"]["state"] == "COMPLETED" and self.verified(self.tmp / "reference" / "checkpoints")
+        return Row("none (reference)", "yes" if ok else f"no ({stages['train']['state']})", 0, None, self.ref_wall)
+
+    def signal_rank(self, fault: str, sig: signal.Signals) -> Row:
+        spec = self.spec(fault)
+        run_id, run_dir = self.submit(spec)
+        _, pid = wait_for_rank(run_dir, 1, SAVE + 5)
+        at, t = last_iteration(run_dir), time.time()
+        os.kill(pid, sig)
+        return self.outcome(fault, run_id, run_dir, self.tmp / fault / "checkpoints", at, t)
+
+    def node_lost(self) -> Row:
+        spec = self.spec("node-lost")
+        run_id, run_dir = self.submit(spec)
+        node, pid = wait_for_rank(run_dir, 1, SAVE + 5)
+        at, t = last_iteration(run_dir), time.time()
+        lose_node(self.cluster.root, node, pid)
+        row = self.outcome("node-lost", run_id, run_dir, self.tmp / "node-lost" / "checkpoints", at, t,
+                           note=f"{node} lost")
+        self.restart_slurmd(node)
+        return row
+
+    def ckpt_flip(self) -> Row:
+        spec = self.spec("ckpt-flip")
+        run_id, run_dir = self.submit(spec)
+        ckpt = self.tmp / "ckpt-flip" / "checkpoints"
+        _, pid = wait_for_rank(run_dir, 1, 2 * SAVE + 2)
+        latest = tracker(ckpt)
+        target = ckpt / f"iter_{latest:07d}" / "common.pt"
+        data = bytearray(target.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        target.write_bytes(bytes(data))
+        at, t = last_iteration(run_dir), time.time()
+        os.kill(pid, signal.SIGKILL)
+        row = self.outcome("ckpt-flip", run_id, run_dir, ckpt, at, t,
+                           note=f"iter_{latest:07d}/common.pt flipped; a flipped byte of tensor data in a .distcp "
+                                "shard is only found against lingjun-manifest.json (checkpoint stage)")
+        aside = [p.name for p in ckpt.iterdir() if ".damaged-" in p.name]
+        row.note += f"; moved aside: {', '.join(aside) or 'none'}"
+        return row
+
+    def disk_full(self) -> Row:
+        ref_ckpt = self.tmp / "reference" / "checkpoints" / f"iter_{SAVE:07d}"
+        size = sum(p.stat().st_size for p in ref_ckpt.rglob("*") if p.is_file())
+        mnt = self.tmp / "disk-full-ckpt"
+        mnt.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={4 * size + (1 << 20)}", "tmpfs", str(mnt)], check=True)
+        try:
+            spec = self.spec("disk-full", ckpt_dir=str(mnt))
+            run_id, run_dir = self.submit(spec)
+            wait_until(lambda: tracker(mnt) >= SAVE and last_iteration(run_dir) > SAVE, 300, "the first checkpoint")
+            free = shutil.disk_usage(mnt).free
+            filler = mnt / "filler"
+            with open(filler, "wb") as fh:
+                fh.write(b"\0" * max(0, free - size // 2))
+            at, t = last_iteration(run_dir), time.time()
+            stages = self.wait_ended(run_id)
+            kept = tracker(mnt)
+            intact = self.verified(mnt)
+            filler.unlink()
+            proc = self.cli("resubmit", run_id, "--from", "train")
+            if proc.returncode != 0:
+                return Row("disk-full", "no", None, None, None, f"resubmit failed: {proc.stderr.strip()[-200:]}")
+            t_free = time.time()
+            row = self.outcome("disk-full", run_id, run_dir, mnt, at, t_free,
+                               note=f"first attempts {stages['train']['state']}, latest kept at {kept} "
+                                    f"({'verifies' if intact else 'DAMAGED'}); resubmitted after freeing space "
+                                    "(recover_s from then)")
+            row.survived = "after resubmit" if row.survived == "yes" else row.survived
+            row.wall_s = None  # two train jobs and a person between them: no wall time to compare
+            return row
+        finally:
+            subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+    def ctld_pid(self) -> int:
+        state = json.loads((self.cluster.root / "state.json").read_text())
+        return int(state["daemons"]["slurmctld"]["pid"])
+
+    def restart_ctld(self) -> None:
+        log = open(self.cluster.log_dir / "slurmctld-restarted.log", "ab")
+        self.spawned.append(subprocess.Popen(["slurmctld", "-D", "-f", str(self.cluster.slurm_conf)],
+                                             stdout=log, stderr=log, env=self.env, start_new_session=True))
+        wait_until(lambda: subprocess.run(["scontrol", "ping"], env=self.env, capture_output=True).returncode == 0,
+                   60, "slurmctld back")
+
+    def restart_slurmd(self, node: str) -> None:
+        log = open(self.cluster.log_dir / f"slurmd-{node}-restarted.log", "ab")
+        self.spawned.append(subprocess.Popen(["slurmd", "-D", "-N", node, "-f", str(self.cluster.slurm_conf)],
+                                             stdout=log, stderr=log, env=self.env, start_new_session=True))
+
+    def ctld_submit(self) -> Row:
+        spec = self.spec("ctld-submit")
+        t = time.time()
+        proc = subprocess.Popen([sys.executable, "-m", "lingjun_slurm.cli", "submit", str(spec), "--executor",
+                                 "slurm"], env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(0.3)
+        os.kill(self.ctld_pid(), signal.SIGKILL)
+        time.sleep(3)
+        self.restart_ctld()
+        out, err = proc.communicate(timeout=300)
+        if proc.returncode != 0:
+            left = subprocess.run(["squeue", "-h", "-o", "%j", "-n", "ctld-submit-train"], env=self.env,
+                                  capture_output=True, text=True).stdout.split()
+            return Row("ctld-submit", "yes" if not left else "no", None, round(time.time() - t, 1), None,
+                       f"submit exit {proc.returncode}: {err.strip().splitlines()[-1] if err.strip() else ''}; "
+                       f"jobs left in the queue: {len(left)}")
+        run_id = next(x for x in out.splitlines() if x.startswith("submitted run ")).split()[2]
+        run_dir = spec.parent / "ctld-submit" / "runs" / run_id
+        return self.outcome("ctld-submit", run_id, run_dir, self.tmp / "ctld-submit" / "checkpoints", 0, t,
+                            note="submit rode out the restart")
+
+    def ctld_status(self) -> Row:
+        run_id = next(p.name for p in (self.tmp / "reference" / "runs").iterdir())
+        os.kill(self.ctld_pid() if not self.spawned else self.spawned[-1].pid, signal.SIGKILL)
+        t = time.time()
+        down = self.cli("status", run_id, timeout=120)
+        down_s = round(time.time() - t, 1)
+        self.restart_ctld()
+        up = self.cli("status", run_id)
+        clean = "Traceback" not in down.stderr + up.stderr
+        ok = down.returncode != 0 and up.returncode == 0 and "COMPLETED" in up.stdout and clean
+        said = (down.stdout + down.stderr).strip().splitlines()
+        return Row("ctld-status", "yes" if ok else "no", None, round(time.time() - t, 1), None,
+                   f"while down: exit {down.returncode} after {down_s} s ({said[-1][:120] if said else ''}); "
+                   f"after the restart: exit {up.returncode}")
+
+    def close(self) -> None:
+        for p in self.spawned:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.cluster.down()
+
+
+def table(rows: list[Row], ref: Optional[float]) -> str:
+    out = [f"| {'fault':<16} | {'survived':<16} | {'lost':>4} | {'recover_s':>9} | {'wall_s':>6} | {'x_ref':>5} | note |",
+           f"|{'-' * 18}|{'-' * 18}|{'-' * 6}|{'-' * 11}|{'-' * 8}|{'-' * 7}|------|"]
+    for r in rows:
+        ratio = f"{r.wall_s / ref:.2f}" if r.wall_s and ref else "-"
+        out.append(f"| {r.fault:<16} | {r.survived:<16} | {'-' if r.lost is None else r.lost:>4} | "
+                   f"{'-' if r.recover_s is None else r.recover_s:>9} | {'-' if r.wall_s is None else r.wall_s:>6} | "
+                   f"{ratio:>5} | {r.note} |")
+    return "\n".join(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--faults", default=",".join(FAULTS))
+    ap.add_argument("--base-port", type=int, default=17800)
+    ap.add_argument("--keep", action="store_true")
+    a = ap.parse_args()
+    names = [n for n in a.faults.split(",") if n]
+    unknown = set(names) - set(FAULTS)
+    if unknown:
+        ap.error(f"unknown faults: {', '.join(sorted(unknown))} (known: {', '.join(FAULTS)})")
+    tmp = Path(tempfile.mkdtemp(prefix="lingjun-bench-faults-"))
+    tmp.chmod(0o755)  # munged's socket lives under it: every ancestor must be traversable
+    bench = Bench(tmp, a.base_port)
+    rows: list[Row] = []
+    try:
+        bench.cluster.up(timeout=120)
+        rows.append(bench.reference())
+        print(table(rows, bench.ref_wall), flush=True)
+        runs: dict[str, Callable[[], Row]] = {
+            "sigkill": lambda: bench.signal_rank("sigkill", signal.SIGKILL),
+            "sigstop": lambda: bench.signal_rank("sigstop", signal.SIGSTOP),
+            "node-lost": bench.node_lost, "ckpt-flip": bench.ckpt_flip, "disk-full": bench.disk_full,
+            "ctld-submit": bench.ctld_submit, "ctld-status": bench.ctld_status}
+        for name in names:
+            try:
+                rows.append(runs[name]())
+            except Exception as exc:  # one fault's harness failing is a row, not the end of the bench
+                rows.append(Row(name, "no (bench error)", None, None, None, f"{type(exc).__name__}: {exc}"[:300]))
+            print(f"\n{table(rows, bench.ref_wall)}", flush=True)
+    finally:
+        bench.close()
+        if not a.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            print(f"kept {tmp}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
