@@ -47,6 +47,7 @@ LAZY_COMMANDS = {
     "forget": "cli_runs:forget",
     "checkpoint": "cli_checkpoint:checkpoint",
     "dev-cluster": "cli_devcluster:dev_cluster",
+    "doctor": "cli_doctor:doctor",
     "health": "cli_health:health",
     "image": "cli_image:image",
     "nccl-test": "cli_nccltest:nccl_test",
@@ -98,8 +99,9 @@ def cli() -> None:
 
     One YAML spec describes a run: data preprocessing, multi-node training and checkpoint
     handling. `validate` checks it, `render` writes the sbatch scripts, `nccl-env` prints
-    a network profile. submit, status, logs, cancel, resubmit and nccl-test also work on a
-    remote cluster over SSH: --host [USER@]HOST[:PORT] or --cluster NAME (docs/remote.md).
+    a network profile, `doctor` runs the train job's pre-flight checks as a job of their own.
+    submit, status, logs, cancel, resubmit, doctor and nccl-test also work on a remote
+    cluster over SSH: --host [USER@]HOST[:PORT] or --cluster NAME (docs/remote.md).
     """
 
 

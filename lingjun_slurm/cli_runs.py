@@ -592,6 +592,9 @@ def resubmit(run: str, from_stage: str, force: bool, host: Optional[str], cluste
 
     with Connections(destination(host, cluster, accept_new_host_key)) as conns:
         _entry, t, m = open_run(run, conns)
+        if any(rec.kind == "doctor" for rec in m.stages):
+            raise UsageError(f"run {m.run_id} is a `lingjun-slurm doctor` job: run doctor again instead "
+                             f"(its spec: {m.run_dir}/spec.yaml)")
         names = stages_from(m, from_stage)
         if m.executor == "local" and t.kind != "local":
             raise UsageError(f"run {m.run_id} ran with the local executor on {m.transport.host}: resubmit it there")

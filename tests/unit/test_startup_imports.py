@@ -25,7 +25,8 @@ CHAIN_WORKDIR = "/tmp/lingjun-slurm/command-chain"
 HEAVY = ("torch", "megatron", "numpy", "paramiko", "pyslurm")
 # The other commands' modules, which the lazy group imports only when their command is named.
 OTHER_COMMANDS = ("lingjun_slurm.cli_checkpoint", "lingjun_slurm.cli_devcluster", "lingjun_slurm.cli_health",
-                  "lingjun_slurm.cli_image", "lingjun_slurm.cli_nccltest", "lingjun_slurm.devcluster")
+                  "lingjun_slurm.cli_image", "lingjun_slurm.cli_nccltest", "lingjun_slurm.devcluster",
+                  "lingjun_slurm.cli_doctor", "lingjun_slurm.doctor")
 
 # Standard-library modules none of validate, render and status needs: pydantic's plugin loader
 # imported the first four (importlib.metadata), importlib.resources the rest.
