@@ -3,6 +3,8 @@
     python3 -m lingjun_slurm.exclusion add --run-dir D --job ID --need N --max M
             [--drain] (--node NODE --reason WHY --source KIND)... | --verdict preflight/verdict.json
     python3 -m lingjun_slurm.exclusion gone --run-dir D --job ID --nodes "n1 n2"
+    python3 -m lingjun_slurm.exclusion hung --run-dir D --job ID --record HANG.json [--stacks DIR]
+    python3 -m lingjun_slurm.exclusion crashed --run-dir D --job ID --log JOB.out --offset N --nodes "n1 n2"
 
 `add` records each node in D/nodes/excluded.json and prints, on one line, the ExcNodeList the
 batch script then sets on its own job (every node excluded so far, this job's earlier
@@ -265,6 +267,19 @@ def hung(run_dir: str, job: str, record: str, stacks_dir: Optional[str], need: i
     return add(run_dir, job, need, max_nodes, found, drain) if found else excluded_for(read_record(run_dir), job)
 
 
+def crashed(run_dir: str, job: str, log: str, offset: int, nodes: List[str], need: int, max_nodes: int,
+            drain: bool) -> List[str]:
+    """After the step failed: the nodes lingjun_slurm.crashlog ties a device error (or srun's "Node
+    failure on") to in this attempt's part of the job log."""
+    from .crashlog import blame
+
+    try:
+        found = blame(log, offset, nodes or None)["found"]
+    except OSError:
+        found = []
+    return add(run_dir, job, need, max_nodes, found, drain) if found else excluded_for(read_record(run_dir), job)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m lingjun_slurm.exclusion")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -288,10 +303,22 @@ def main(argv: Optional[List[str]] = None) -> int:
     h.add_argument("--drain", action="store_true")
     h.add_argument("--record", required=True, help="the watchdog's hang record")
     h.add_argument("--stacks", help="the stacks directory (default: the record's stacks_dir)")
+    c = sub.add_parser("crashed")
+    c.add_argument("--run-dir", required=True)
+    c.add_argument("--job", required=True)
+    c.add_argument("--need", type=int, required=True)
+    c.add_argument("--max", type=int, required=True)
+    c.add_argument("--drain", action="store_true")
+    c.add_argument("--log", required=True, help="the train job's output log")
+    c.add_argument("--offset", type=int, default=0, help="its size when this attempt's srun started")
+    c.add_argument("--nodes", default="", help="the job's nodes, space-separated")
     g.add_argument("--nodes", default="", help="space-separated node names of the attempt before")
     args = ap.parse_args(argv)
     try:
-        if args.cmd == "hung":
+        if args.cmd == "crashed":
+            out = crashed(args.run_dir, args.job, args.log, args.offset, args.nodes.split(), args.need, args.max,
+                          args.drain)
+        elif args.cmd == "hung":
             out = hung(args.run_dir, args.job, args.record, args.stacks, args.need, args.max, args.drain)
         elif args.cmd == "gone":
             out = gone(args.run_dir, args.job, args.nodes.split(), args.need, args.max, args.drain)

@@ -331,6 +331,7 @@ def fault_vars(spec: Spec, res: StageResources, executor: str, launcher: tuple[W
                         "--kill-on-bad-exit=0", "--time=10", *[w for w in launcher[1:] if not (
                             isinstance(w, str) and w.startswith(("--kill-on-bad-exit", "--cpu-bind")))])
     return {"preflight": preflight, "preflight_launcher": pre_launcher, "watchdog": watchdog,
+            "log": f"{log_dir}/{job_name}-",  # + "$SLURM_JOB_ID.out": the job's output (sbatch --output)
             "exclude_max": tr.exclude_bad_nodes if slurm else 0, "drain": tr.drain_bad_nodes and slurm,
             "need": res.nodes}
 

@@ -79,10 +79,14 @@ def test_rendered_scripts_pass_shellcheck(name: str, shellcheck: str, tmp_path: 
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+# Other projects' scripts kept byte for byte as test data (their SOURCES.md says whose): not ours to lint.
+UPSTREAM_SHELL = ("tests/cluster_init/fixtures/cyclecloud-slurm-install/",)
+
+
 def test_repository_shell_files_pass_shellcheck(shellcheck: str) -> None:
     tracked = subprocess.run(["git", "ls-files", "*.sh", "**/*.sh", ".ci/run"], cwd=REPO, capture_output=True,
                              text=True, check=True).stdout.split()
-    files = sorted({str(REPO / f) for f in tracked if (REPO / f).is_file()})
+    files = sorted({str(REPO / f) for f in tracked if (REPO / f).is_file() and not f.startswith(UPSTREAM_SHELL)})
     if not files:
         pytest.skip("no shell files tracked yet")
     proc = subprocess.run([shellcheck, "--severity=style", *files], capture_output=True, text=True)

@@ -173,3 +173,26 @@ def test_status_ignores_a_damaged_record(tmp_path: Path) -> None:
     st = StageStatus("train", ["7"], "RUNNING", None, None, None, None, 0)
     _add_note(st, None, str(tmp_path))
     assert st.reason is None
+
+
+def test_crashed_excludes_the_node_a_device_error_is_tied_to(tmp_path: Path) -> None:
+    """This attempt's part of the job log (from --offset): a real uncorrectable-ECC excerpt
+    (tests/fixtures/crashlogs) with srun's task lines, gpu2 failing first; the part before the
+    offset (an earlier attempt blaming gpu1) is not read."""
+    env = stand_ins(tmp_path, "gpu1 allocated\ngpu2 allocated\ngpu3 idle\n")
+    ecc = (REPO / "tests" / "fixtures" / "crashlogs" / "kohya_1434_ecc.log").read_text()
+    earlier = ecc + "srun: error: gpu1: task 0: Exited with exit code 1\nsrun: error: gpu2: task 1: Killed\n"
+    log = tmp_path / "train-7.out"
+    log.write_text(earlier + ecc + "srun: error: gpu2: task 1: Exited with exit code 1\n"
+                                   "srun: error: gpu1: task 0: Killed\n")
+    args = ["crashed", "--run-dir", str(tmp_path), "--job", "7", "--need", "2", "--max", "2", "--log", str(log),
+            "--nodes", "gpu1 gpu2"]
+    proc = run(env, *args, "--offset", str(len(earlier.encode())))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "gpu2", proc.stderr
+    doc = json.loads((tmp_path / "nodes" / "excluded.json").read_text())
+    assert [(n["node"], n["source"]) for n in doc["nodes"]] == [("gpu2", "crash")]
+    # A crash without a device error (here: nothing after the end) blames no one, keeps the list.
+    proc = run(env, *args, "--offset", str(log.stat().st_size))
+    assert proc.stdout.strip() == "gpu2" and len(json.loads((tmp_path / "nodes" / "excluded.json").read_text())
+                                                 ["nodes"]) == 1
