@@ -3,8 +3,8 @@ Megatron-LM's tools/preprocess_data.py, sharded over a Slurm array and merged af
 
 Modules: `inputs` (globs, shard assignment, streaming lines), `tokenizer` (the four tokenizer kinds),
 `gpt2_bpe` (Megatron's GPT-2 BPE), `encode` (json line -> documents, the worker pool), `writer`
-(IndexedDatasetBuilder, temp names, merge), `resume` (fingerprints and .done markers), `progress`.
-Nothing here imports torch or megatron at import time; `writer` imports megatron.core when called.
+(megatron-core's .bin/.idx format in numpy, temp names, merge), `resume` (fingerprints and .done
+markers), `progress`. Nothing here imports torch or megatron-core.
 See docs/preprocessing.md.
 """
 

@@ -14,10 +14,13 @@ PLAN_SCHEMA = 1  # kept equal to lingjun_slurm.plan.PLAN_SCHEMA (a test checks i
 
 # distribution -> minimum version, per stage. megatron-core 0.16.1 is the floor this tool
 # supports (lingjun_slurm.megatron.versions); torch 2.4 is what that megatron-core needs.
+# preprocess and merge write megatron-core's .bin/.idx format with numpy alone (data/writer.py):
+# they need neither torch nor megatron-core (plus the tokenizer's package, TOKENIZER_DISTS).
 _CORE = {"torch": "2.4", "megatron-core": "0.16.1", "numpy": "1.24"}
+_DATA = {"numpy": "1.24"}
 REQUIREMENTS: dict[str, dict[str, str]] = {
-    "preprocess": {**_CORE},
-    "merge": {**_CORE},
+    "preprocess": {**_DATA},
+    "merge": {**_DATA},
     "train": {**_CORE, "psutil": "5.9"},
     "checkpoint": {**_CORE, "psutil": "5.9"},
 }

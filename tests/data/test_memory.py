@@ -18,10 +18,8 @@ SCRIPT = textwrap.dedent("""
     import json, sys, threading, time
     from pathlib import Path
     import psutil
-    from lingjun_slurm.data import writer
     from lingjun_slurm.stages import preprocess
     from tests.data.helpers import make_plan
-    writer.indexed_dataset()  # import megatron/torch before measuring
 
     tmp = Path(sys.argv[1])
     def corpus(name, megabytes):

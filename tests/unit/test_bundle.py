@@ -75,7 +75,7 @@ def test_stage_entry_in_a_python_without_the_stack_says_what_is_missing(tmp_path
     ship(LocalTransport(), str(run_dir), [])
     plan = run_dir / "plan.json"
     plan.write_text(json.dumps({"schema": PLAN_SCHEMA, "run_id": "r", "settings": {}}))
-    proc = subprocess.run([str(bare), "-m", "lingjun_slurm.stages", "merge", "--plan", str(plan)],
+    proc = subprocess.run([str(bare), "-m", "lingjun_slurm.stages", "train", "--plan", str(plan)],
                           env={"PYTHONPATH": str(run_dir / "site"), "PATH": "/usr/bin:/bin"}, cwd=tmp_path,
                           capture_output=True, text=True)
     assert proc.returncode == 1, proc.stderr

@@ -79,7 +79,8 @@ def test_the_venv_python_passes_silently(tmp_path: Path, monkeypatch) -> None:
 @needs_system_python
 def test_shipped_code_imports_but_the_stack_is_missing(tmp_path: Path, monkeypatch) -> None:
     """run.ship_code (the default): lingjun_slurm comes from <run_dir>/site, as in the jobs, so what the
-    system python lacks is torch and megatron-core: the warning lists them (stages/runtime.py's words)."""
+    system python lacks is numpy (preprocess, merge), torch and megatron-core (train): the warning lists
+    them once each, in stage order (stages/runtime.py's words)."""
     prep = tiny_prep(tmp_path)
     t = LocalTransport()
     assert ship_code(t, prep)  # the real wheel, unpacked into <run_dir>/site
@@ -88,8 +89,8 @@ def test_shipped_code_imports_but_the_stack_is_missing(tmp_path: Path, monkeypat
     line = python_check.warning(t, prep.plan, prep.run_dir, ship_code=True)
     assert line is not None
     assert line.startswith(f"warning: the stages {STAGES} will run `python3` ({bindir}/python3), from the PATH the "
-                           "jobs get from sbatch, which lacks what they need: torch>=2.4 is not installed; "
-                           "megatron-core>=0.16.1 is not installed; ")
+                           "jobs get from sbatch, which lacks what they need: numpy>=1.24 is not installed; "
+                           "torch>=2.4 is not installed; megatron-core>=0.16.1 is not installed; ")
     assert "; submitted anyway: " in line and line.count("\n") == 0
 
 
@@ -227,8 +228,8 @@ def test_on_real_slurm_the_job_runs_the_python3_the_warning_named(slurm_cluster,
     warning = [line for line in proc.stderr.splitlines() if line.startswith("warning: the stages ")]
     assert len(warning) == 1, proc.stderr
     assert warning[0].startswith(f"warning: the stages {STAGES} will run `python3` ({bindir}/python3), from the "
-                                 "PATH the jobs get from sbatch, which lacks what they need: torch>=2.4 is not "
-                                 "installed; megatron-core>=0.16.1 is not installed; ")
+                                 "PATH the jobs get from sbatch, which lacks what they need: numpy>=1.24 is not "
+                                 "installed; torch>=2.4 is not installed; megatron-core>=0.16.1 is not installed; ")
     run_id = next(line.split()[2] for line in proc.stdout.splitlines() if line.startswith("submitted run "))
     log_dir = tmp_path / "work" / "logs"
     deadline = time.monotonic() + 90
@@ -236,5 +237,6 @@ def test_on_real_slurm_the_job_runs_the_python3_the_warning_named(slurm_cluster,
     while time.monotonic() < deadline and "cannot run with this Python" not in said:
         time.sleep(0.5)
         said = "".join(p.read_text(errors="replace") for p in log_dir.rglob("*preprocess*"))
-    assert (f"lingjun-slurm: the preprocess stage cannot run with this Python ({bindir}/python3): torch>=2.4 is "
-            "not installed; megatron-core>=0.16.1 is not installed") in said, (run_id, said)
+    # preprocess needs numpy (and the tokenizer's package; tiny-gpt's is null): no torch, no megatron-core
+    assert (f"lingjun-slurm: the preprocess stage cannot run with this Python ({bindir}/python3): numpy>=1.24 is "
+            "not installed.") in said, (run_id, said)
