@@ -157,6 +157,10 @@ class Machine:
     config: dict[str, str] = field(default_factory=dict)  # extra health.conf keys
     dropins: dict[str, str] = field(default_factory=dict)  # health.conf.d/NAME -> text
     nccl: dict[str, str | None] = field(default_factory=dict)  # nccl.conf overrides (None removes)
+    # Interface addresses ("10.0.0.4/24", "fe80::1/64") for /proc/net/{fib_trie,route,if_inet6};
+    # None: lo 127.0.0.1/8 and ::1, and each other running interface 10.N.0.4/24 (see proc_net).
+    addrs: dict[str, tuple[str, ...]] | None = None
+    proc_net: bool = True  # False: no /proc/net files (a kernel or container without them)
 
     def port(self, hca: str) -> Port:
         return next(p for p in self.ports if p.hca == hca)
@@ -230,6 +234,94 @@ def gpud_h100() -> Machine:
                    H100_Q.read_text(), kernel_log="real/kern/gpud-dmesg-with-xid-119.log",
                    now=epoch("2025-02-24T12:00:00"), ib_tree=REAL / "sysfs-class-infiniband" / "gpud-h100-0",
                    dropins={"50-site.conf": "# site settings\nGPU_COUNT=8\nIB_PORT_COUNT=8\nIB_RATE_GBPS=400\n"})
+
+
+def _running(oper: str, carrier: str) -> bool:
+    return oper == "up" or (oper == "unknown" and carrier == "1")
+
+
+def default_addrs(netdevs: dict[str, tuple[str, str]]) -> dict[str, tuple[str, ...]]:
+    """lo: 127.0.0.1/8 and ::1; every other running interface, in order: 10.N.0.4/24 (no IPv6:
+    as with net.ipv6.conf.*.disable_ipv6=1 there, which leaves only lo's ::1 in if_inet6)."""
+    out: dict[str, tuple[str, ...]] = {}
+    n = 0
+    for name, (oper, carrier) in netdevs.items():
+        if name == "lo":
+            out[name] = ("127.0.0.1/8", "::1/128")
+        elif _running(oper, carrier):
+            out[name] = (f"10.{n}.0.4/24",)
+            n += 1
+    return out
+
+
+def _v4(text: str) -> int:
+    a, b, c, d = (int(x) for x in text.split("."))
+    return (a << 24) | (b << 16) | (c << 8) | d
+
+
+def _dotted(value: int) -> str:
+    return ".".join(str((value >> s) & 255) for s in (24, 16, 8, 0))
+
+
+def _le_hex(value: int) -> str:
+    """A network-order word as /proc/net/route prints it on a little-endian CPU ("%08X")."""
+    return f"{int.from_bytes(value.to_bytes(4, 'big'), 'little'):08X}"
+
+
+def proc_net(netdevs: dict[str, tuple[str, str]], addrs: dict[str, tuple[str, ...]]) -> dict[str, str]:
+    """/proc/net/fib_trie, route and if_inet6 in the kernel's formats (SOURCES.md): each IPv4
+    address a LOCAL /32 of the local table and its prefix a link route of the main table on its
+    interface; a default route via .1 of the first non-loopback interface with an IPv4 address.
+    The trie is drawn flat (one internal node per table); the line formats are the kernel's."""
+    import ipaddress
+
+    index = {name: i + 1 for i, name in enumerate(netdevs)}
+    main: list[tuple[int, list[str]]] = []
+    local: list[tuple[int, list[str]]] = []
+    routes: list[str] = []
+    inet6: list[str] = []
+    gateway = None
+    for name, items in addrs.items():
+        for item in items:
+            iface = ipaddress.ip_interface(item)
+            if iface.version == 6:
+                a = iface.ip
+                scope = 0x10 if a.is_loopback else 0x20 if a.is_link_local else 0x00
+                inet6.append(f"{a.exploded.replace(':', '')} {index.get(name, 1):02x} "
+                             f"{iface.network.prefixlen:02x} {scope:02x} 80 {name:>8}\n")
+                continue
+            ip, net = int(iface.ip), iface.network
+            local.append((ip, ["/32 host LOCAL"]))
+            if net.prefixlen < 32:
+                local.append((int(net.broadcast_address), ["/32 link BROADCAST"]))
+            if name == "lo" or str(iface.ip).startswith("127."):
+                local.append((int(net.network_address), [f"/{net.prefixlen} host LOCAL"]))
+                continue
+            main.append((int(net.network_address), [f"/{net.prefixlen} link UNICAST"]))
+            mask = (0xFFFFFFFF << (32 - net.prefixlen)) & 0xFFFFFFFF
+            routes.append(f"{name}\t{_le_hex(int(net.network_address))}\t00000000\t0001\t0\t0\t0\t{_le_hex(mask)}"
+                          "\t0\t0\t0")
+            if gateway is None:
+                gateway = (name, int(net.network_address) + 1)
+    if gateway is not None:
+        main.append((0, ["/0 universe UNICAST"]))
+        routes.insert(0, f"{gateway[0]}\t00000000\t{_le_hex(gateway[1])}\t0003\t0\t0\t100\t00000000\t0\t0\t0")
+
+    def table(title: str, leaves: list[tuple[int, list[str]]]) -> str:
+        merged: dict[int, list[str]] = {}
+        for key, aliases in sorted(leaves):
+            merged.setdefault(key, []).extend(aliases)
+        if not merged:
+            return ""
+        out = [f"{title}:", f"  +-- 0.0.0.0/0 {max(1, len(merged).bit_length())} 0 0"]
+        for key, aliases in merged.items():
+            out.append(f"     |-- {_dotted(key)}")
+            out += [f"        {a}" for a in aliases]
+        return "\n".join(out) + "\n"
+
+    header = "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT"
+    route_text = "".join(f"{line:<127}\n" for line in [header, *routes])
+    return {"fib_trie": table("Main", main) + table("Local", local), "route": route_text, "if_inet6": "".join(inet6)}
 
 
 def _write(path: Path, text: str, mode: int | None = None) -> None:
@@ -396,6 +488,13 @@ class Node:
         for name, (oper, carrier) in m.netdevs.items():
             _write(root / "sys/class/net" / name / "operstate", oper + "\n")
             _write(root / "sys/class/net" / name / "carrier", carrier + "\n")
+            # dev->flags (include/uapi/linux/if.h): IFF_UP 0x1, IFF_LOOPBACK 0x8, IFF_MULTICAST 0x1000
+            flags = 0x9 if name == "lo" else (0x1003 if _running(oper, carrier) else 0x1002)
+            _write(root / "sys/class/net" / name / "flags", f"0x{flags:x}\n")
+        if m.proc_net:
+            addrs = default_addrs(m.netdevs) if m.addrs is None else m.addrs
+            for name, text in proc_net(m.netdevs, addrs).items():
+                _write(root / "proc/net" / name, text)
         if m.lspci:  # lspci -nn "DOMAIN:BUS:DEV.FN Class [cccc]: Vendor Device [vvvv:dddd]"
             for line in (FIXTURES / m.lspci).read_text().splitlines():
                 found = re.match(r"^(\S+) .*\[([0-9a-f]{4})\]: .*\[([0-9a-f]{4}):([0-9a-f]{4})\]", line)

@@ -62,7 +62,7 @@ def test_healthy_infiniband_node(ib: Node) -> None:
         "OK gpu-peermem nvidia_peermem loaded",
         "OK ib-ports 8 ports ACTIVE, LinkUp, >= 400 Gb/s, InfiniBand (IB_PORTS, all HCAs)",
         "SKIP roce-gid NCCL_IB_GID_INDEX is not set (NCCL chooses the GID)",
-        "OK socket-if eth0 up (NCCL_SOCKET_IFNAME=eth0)",
+        "OK socket-if eth0 up 10.0.0.4 (NCCL_SOCKET_IFNAME=eth0)",
         "SKIP enroot-start no ENROOT_IMAGE configured",
         "SKIP gpu-container no ENROOT_IMAGE configured",
     ] + [ln for ln in lines(proc) if ln.startswith("OK enroot-space free: /run/enroot ")]
@@ -204,8 +204,8 @@ def test_each_failure_drains_with_its_precise_reason(tmp_path: Path, kind: str, 
     proc = node.run()
     assert proc.returncode == 1, proc.stdout + proc.stderr
     if name == "low-free-space":  # the free figure is the real disk's
-        assert first_failure(proc).startswith(reason + " ") and "GB free, need 999999999 GB (ENROOT_CACHE_PATH)" in \
-            first_failure(proc)
+        assert first_failure(proc).startswith(reason + " ") and \
+            "GB free, need 999999999 GB (ENROOT_CACHE_PATH, /etc/enroot/enroot.conf:2)" in first_failure(proc)
         reason = first_failure(proc)
     else:
         assert first_failure(proc) == reason
@@ -281,9 +281,9 @@ def test_socket_ifname_prefix_exclusion_and_virtual_interfaces(roce: Node) -> No
     roce.change(netdevs=devs)
     assert first_failure(roce.run("--no-drain")) == "eth0 down, eth1 down (NCCL_SOCKET_IFNAME=eth)"
     proc = roce.run("--no-drain", NCCL_SOCKET_IFNAME="^lo,docker")
-    assert "OK socket-if bond0 up (NCCL_SOCKET_IFNAME=^lo,docker)" in lines(proc)
+    assert "OK socket-if bond0 up 10.0.0.4 (NCCL_SOCKET_IFNAME=^lo,docker)" in lines(proc)
     roce.change(netdevs={**devs, "tun0": ("unknown", "1")})  # no link state: carrier decides
-    assert "OK socket-if tun0 up (NCCL_SOCKET_IFNAME=tun)" in lines(roce.run("--no-drain", NCCL_SOCKET_IFNAME="tun"))
+    assert "OK socket-if tun0 up 10.1.0.4 (NCCL_SOCKET_IFNAME=tun)" in lines(roce.run("--no-drain", NCCL_SOCKET_IFNAME="tun"))
 
 
 def test_enroot_start_with_a_container_and_a_local_image(ib: Node) -> None:
@@ -324,7 +324,8 @@ def test_enroot_paths_come_from_enroot_conf(ib: Node) -> None:
     (ib.root / "etc/lingjun-slurm/health.conf").write_text(
         "SKU=Standard_ND96isr_H200_v5\nKERNEL_LOG=/var/log/kern.log\nMIN_FREE_GB=999999999\n")
     fails = lines(ib.run("--no-drain"), "FAIL")
-    assert len(fails) == 1 and fails[0].endswith(" GB free, need 999999999 GB (ENROOT_TEMP_PATH)"), fails
+    assert len(fails) == 1 and fails[0].endswith(
+        " GB free, need 999999999 GB (ENROOT_TEMP_PATH, /etc/enroot/enroot.conf:2)"), fails
     conf.unlink()
     assert any(ln.startswith("SKIP enroot-space no enroot config at ") for ln in lines(ib.run("--no-drain")))
 
