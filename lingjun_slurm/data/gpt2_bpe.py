@@ -11,18 +11,19 @@ Two paths give the same ids:
 
 from __future__ import annotations
 
+import functools
 import json
+import sys
 import unicodedata
 from typing import Any
 
 from . import DataError
 
 EOD_TOKEN = "<|endoftext|>"
-CONTRACTIONS = ("s", "t", "re", "ve", "m", "ll", "d")  # 's|'t|'re|'ve|'m|'ll|'d, tried in this order
-# The characters the `regex` module's \s matches (the Unicode White_Space property); note that
-# str.isspace() also accepts U+001C..U+001F, which \s does not.
-WHITESPACE = frozenset("\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007"
-                       "\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000")
+# megatron/training/tokenizer/gpt2_tokenization.py (core_v0.16.1) GPT2Tokenizer.__init__, with
+# `import regex as re`: the same pattern through the same engine (the `regex` package), so letters
+# and numbers are those of regex's Unicode tables, not of this Python's unicodedata (14.0 in 3.11).
+PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 
 def byte_table() -> dict[int, str]:
@@ -61,43 +62,45 @@ def load_files(vocab_file: str, merge_file: str) -> tuple[dict[str, int], dict[t
     return encoder, ranks
 
 
-def _kind(ch: str) -> str:
-    if ch in WHITESPACE:
-        return "S"
-    cat = unicodedata.category(ch)[0]
-    return cat if cat in ("L", "N") else "O"
+@functools.lru_cache(maxsize=1)
+def pattern() -> Any:
+    """Megatron's pre-tokenization pattern, compiled by the `regex` package (as Megatron does)."""
+    try:
+        import regex
+    except ImportError:
+        raise DataError("the gpt2-bpe tokenizer needs the `regex` package (Megatron-LM's pattern engine for "
+                        "its GPT-2 pre-tokenizer): pip install regex") from None
+    return regex.compile(PATTERN)
 
 
 def pretokenize(text: str) -> list[str]:
-    """GPT-2's pattern  's|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+
-    as a scanner: at each position the first alternative that matches wins."""
-    out: list[str] = []
-    i, n = 0, len(text)
-    while i < n:
-        ch = text[i]
-        if ch == "'":
-            suffix = next((s for s in CONTRACTIONS if text.startswith(s, i + 1)), None)
-            if suffix is not None:
-                out.append(text[i:i + 1 + len(suffix)])
-                i += 1 + len(suffix)
-                continue
-        j = i + 1 if ch == " " and i + 1 < n and _kind(text[i + 1]) != "S" else i
-        kind = _kind(text[j])
-        if kind != "S":  # ' ?\p{L}+', ' ?\p{N}+' or ' ?[^\s\p{L}\p{N}]+'
-            end = j + 1
-            while end < n and _kind(text[end]) == kind:
-                end += 1
-            out.append(text[i:end])
-            i = end
-            continue
-        end = i + 1
-        while end < n and text[end] in WHITESPACE:
-            end += 1
-        if end < n and end - i >= 2:  # \s+(?!\S): leave the last blank to the word after it
-            end -= 1
-        out.append(text[i:end])
-        i = end
-    return out
+    """re.findall(self.pat, text), as GPT2Tokenizer.tokenize does."""
+    return pattern().findall(text)
+
+
+@functools.lru_cache(maxsize=1)
+def _unknown_to_python() -> Any:
+    """A boolean table over all code points: True where this Python's unicodedata says unassigned
+    (Cn). The fast path's pre-tokenizer (Oniguruma inside `tokenizers`) and the `regex` package
+    agree on every code point assigned in Unicode 14 (tests/data/test_gpt2_bpe.py); characters
+    assigned later are classified by whichever tables each engine ships, so texts holding any of
+    them are split by `regex` here instead."""
+    import numpy as np
+
+    table = np.zeros(sys.maxunicode + 1, dtype=bool)
+    cat = unicodedata.category
+    table[[c for c in range(0x80, sys.maxunicode + 1) if cat(chr(c)) == "Cn"]] = True
+    return table
+
+
+def has_newer_characters(text: str) -> bool:
+    """Whether `text` has a code point that is unassigned in this Python's Unicode database."""
+    if text.isascii():
+        return False
+    import numpy as np
+
+    points = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    return bool(_unknown_to_python()[points].any())
 
 
 class SlowBPE:
@@ -174,11 +177,33 @@ def fast_path_problem(encoder: dict[str, int], ranks: dict[tuple[str, ...], int]
     return None
 
 
-def fast_tokenizer(encoder: dict[str, int], ranks: dict[tuple[str, ...], int]) -> Any:
-    """A `tokenizers.Tokenizer` computing the same ids (only valid when fast_path_problem is None)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+class FastBPE:
+    """`tokenizers`' BPE + ByteLevel pre-tokenizer (only valid when fast_path_problem is None); a
+    text with characters newer than this Python's Unicode database is pre-tokenized by `regex`
+    (Megatron's engine) and its words encoded by the same BPE without a regex split."""
 
-    merges = [pair for pair, _ in sorted(ranks.items(), key=lambda kv: kv[1]) if len(pair) == 2]
-    tok = Tokenizer(models.BPE(vocab=dict(encoder), merges=merges))  # type: ignore[arg-type]
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    return tok
+    def __init__(self, encoder: dict[str, int], ranks: dict[tuple[str, ...], int]) -> None:
+        from tokenizers import Tokenizer, models, pre_tokenizers
+
+        merges = [pair for pair, _ in sorted(ranks.items(), key=lambda kv: kv[1]) if len(pair) == 2]
+        self.tokenizer = Tokenizer(models.BPE(vocab=dict(encoder), merges=merges))  # type: ignore[arg-type]
+        self.tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        self.words = Tokenizer(models.BPE(vocab=dict(encoder), merges=merges))  # type: ignore[arg-type]
+        self.words.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        pattern()  # the regex package is there before the first batch
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        batch = getattr(self.tokenizer, "encode_batch_fast", None) or self.tokenizer.encode_batch
+        out = [e.ids for e in batch(texts, add_special_tokens=False)]
+        newer = [i for i, t in enumerate(texts) if has_newer_characters(t)]
+        if newer:
+            words = [pretokenize(texts[i]) for i in newer]
+            by_words = getattr(self.words, "encode_batch_fast", None) or self.words.encode_batch
+            for i, enc in zip(newer, by_words(words, is_pretokenized=True, add_special_tokens=False)):
+                out[i] = enc.ids
+        return out
+
+
+def fast_tokenizer(encoder: dict[str, int], ranks: dict[tuple[str, ...], int]) -> FastBPE:
+    """The fast path (only valid when fast_path_problem is None)."""
+    return FastBPE(encoder, ranks)

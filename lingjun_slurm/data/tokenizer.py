@@ -103,6 +103,8 @@ class Tokenizer:
                 return self.backend.encode(texts, out_type=int)
             if isinstance(self.backend, gpt2_bpe.SlowBPE):
                 return [self.backend.encode(t) for t in texts]
+            if isinstance(self.backend, gpt2_bpe.FastBPE):
+                return self.backend.encode_batch(texts)
             # tokenizers (HF, GPT-2 fast path): encode_batch_fast skips offset tracking (same ids)
             batch = getattr(self.backend, "encode_batch_fast", None) or self.backend.encode_batch
             specials = self.spec.add_special_tokens if kind == "huggingface" else False

@@ -24,7 +24,9 @@ REQUIREMENTS: dict[str, dict[str, str]] = {
     "train": {**_CORE, "psutil": "5.9"},
     "checkpoint": {**_CORE, "psutil": "5.9"},
 }
-TOKENIZER_DISTS = {"huggingface": "tokenizers", "gpt2-bpe": "tokenizers", "sentencepiece": "sentencepiece"}
+# gpt2-bpe: tokenizers (the fast path) and regex (Megatron's own pattern engine, data/gpt2_bpe.py).
+TOKENIZER_DISTS: dict[str, tuple[str, ...]] = {"huggingface": ("tokenizers",), "gpt2-bpe": ("tokenizers", "regex"),
+                                               "sentencepiece": ("sentencepiece",)}
 
 
 def version_tuple(version: str) -> tuple[int, ...]:
@@ -79,7 +81,8 @@ def problems(stage: str, tokenizer_type: Optional[str] = None, copy_to: Optional
     """Missing or too-old packages for a stage, as sentences (empty when all fit)."""
     wanted = dict(REQUIREMENTS.get(stage, {}))
     if stage in ("preprocess", "train") and tokenizer_type in TOKENIZER_DISTS:
-        wanted[TOKENIZER_DISTS[tokenizer_type]] = "0.1"
+        for dist in TOKENIZER_DISTS[tokenizer_type]:
+            wanted[dist] = "2022.1" if dist == "regex" else "0.1"
     if stage == "checkpoint" and copy_to and "://" in copy_to:
         wanted["fsspec"] = "2023.1"  # the lingjun-slurm[remote] extra, plus the protocol's package
     out = []

@@ -92,9 +92,10 @@ class ReferenceGPT2:
                 break
         return list(word)
 
+    def encode_word(self, piece: str) -> list[int]:
+        """The ids of one pre-tokenized word."""
+        mapped = "".join(self.byte_encoder[b] for b in piece.encode("utf-8"))
+        return [self.encoder.get(tok, 0) for tok in self.bpe(mapped)]
+
     def encode(self, text: str) -> list[int]:
-        ids = []
-        for piece in pattern().findall(text):
-            mapped = "".join(self.byte_encoder[b] for b in piece.encode("utf-8"))
-            ids.extend(self.encoder.get(tok, 0) for tok in self.bpe(mapped))
-        return ids
+        return [i for piece in pattern().findall(text) for i in self.encode_word(piece)]

@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
 import random
+import subprocess
 import sys
 import unicodedata
 from pathlib import Path
@@ -45,7 +49,7 @@ def test_fast_and_slow_paths_equal_the_reference(ref: ReferenceGPT2) -> None:
     texts = EDGE_TEXTS + ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 16))) for _ in range(3000)]
     want = [ref.encode(t) for t in texts]
     assert [slow.encode(t) for t in texts] == want
-    assert [e.ids for e in fast.encode_batch(texts, add_special_tokens=False)] == want
+    assert fast.encode_batch(texts) == want
 
 
 def _all_assigned_chars() -> list[str]:
@@ -122,3 +126,101 @@ def test_endoftext_in_the_text_is_plain_text_not_the_eod_id() -> None:
     tok = build(TokenizerSpec(**{k: v for k, v in TOKENIZERS["gpt2"].items()}), need_eod=True)
     ids = tok.encode_batch(["<|endoftext|>"])[0]
     assert tok.eod not in ids and len(ids) > 1
+
+
+# --- characters newer than this Python's Unicode database (issue 18 item 5) ---------------------
+
+MEGATRON_GIT = Path(os.environ.get("LINGJUN_MEGATRON_LM_GIT", "/work/.mirror/NVIDIA+Megatron-LM/repo"))
+MEGATRON_REF = "core_v0.16.1"
+NEW_LETTER = "\U00031350"  # CJK Ext H (Unicode 15.0): Lo to `regex`, unassigned (Cn) to Python 3.11
+
+
+def _tiny_files(tmp_path: Path) -> tuple[str, str, dict[str, int]]:
+    """All 256 byte symbols, <|endoftext|>, and merges building NEW_LETTER's 4 UTF-8 bytes, then 'd' + it."""
+    table = gpt2_bpe.BYTE_TABLE
+    letter = "".join(table[b] for b in NEW_LETTER.encode("utf-8"))
+    vocab = {table[b]: b for b in range(256)}
+    merges = [(letter[0], letter[1]), (letter[:2], letter[2]), (letter[:3], letter[3]), ("d", letter)]
+    for a, b in merges:
+        vocab.setdefault(a + b, len(vocab))
+    vocab[gpt2_bpe.EOD_TOKEN] = len(vocab)
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    (tmp_path / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges),
+                                         encoding="utf-8")
+    return str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt"), vocab
+
+
+def _megatron_gpt2(vocab: str, merges: str, tmp_path: Path):
+    """Megatron-LM's own GPT2Tokenizer (core_v0.16.1), from a local git mirror, or None."""
+    if not (MEGATRON_GIT / "HEAD").exists():
+        return None
+    proc = subprocess.run(["git", "--git-dir", str(MEGATRON_GIT), "show",
+                           f"{MEGATRON_REF}:megatron/training/tokenizer/gpt2_tokenization.py"],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        return None
+    source = tmp_path / "megatron_gpt2_tokenization.py"
+    source.write_text(proc.stdout, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("megatron_gpt2_tokenization", source)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    tok = module.GPT2Tokenizer(vocab, merges, errors="replace", special_tokens=[], max_len=None)
+    return lambda text: tok.convert_tokens_to_ids(tok.tokenize(text))
+
+
+def _newer_texts() -> list[str]:
+    """Texts around code points Python 3.11 calls unassigned and `regex` assigns (letters, digits)."""
+    regex = pytest.importorskip("regex")
+    newer = [chr(c) for c in range(0x80, sys.maxunicode + 1)
+             if unicodedata.category(chr(c)) == "Cn" and regex.match(r"[\p{L}\p{N}]", chr(c))]
+    assert NEW_LETTER in newer
+    rng = random.Random(18)
+    picks = [NEW_LETTER, "\U00011F50"] + rng.sample(newer, min(200, len(newer)))
+    return ([f"ad{NEW_LETTER}b d{NEW_LETTER} {NEW_LETTER}d", f"x  {NEW_LETTER}1", "plain ascii text"] +
+            [f"d{c}{c}d 1{c} {c}'s  d{c}" for c in picks])
+
+
+def test_a_merge_across_d_and_a_unicode_15_letter_gives_megatrons_ids(tmp_path: Path) -> None:
+    """'d' + U+31350 is one word to Megatron (`regex`: \\p{L}), two to Python 3.11's unicodedata:
+    the merge across them must apply, on the fast and on the Python path."""
+    vocab, merges, ids = _tiny_files(tmp_path)
+    encoder, ranks = gpt2_bpe.load_files(vocab, merges)
+    assert gpt2_bpe.fast_path_problem(encoder, ranks) is None
+    fast, slow = gpt2_bpe.fast_tokenizer(encoder, ranks), gpt2_bpe.SlowBPE(encoder, ranks)
+    table = gpt2_bpe.BYTE_TABLE
+    d_letter = "d" + "".join(table[b] for b in NEW_LETTER.encode("utf-8"))
+    want = [ids["a"], ids[d_letter]]
+    assert gpt2_bpe.pretokenize("ad" + NEW_LETTER) == ["ad" + NEW_LETTER]
+    assert slow.encode("ad" + NEW_LETTER) == want
+    assert fast.encode_batch(["ad" + NEW_LETTER, "abc"]) == [want, [ids["a"], ids["b"], ids["c"]]]
+    megatron = _megatron_gpt2(vocab, merges, tmp_path)
+    if megatron is not None:
+        assert megatron("ad" + NEW_LETTER) == want
+
+
+def test_newer_code_points_split_as_regex_does_on_both_paths(tmp_path: Path) -> None:
+    """Texts with characters assigned after Unicode 14: both paths give the ids of Megatron-LM's own
+    GPT2Tokenizer when its source is at hand (a Megatron-LM git mirror), and always the ids of
+    Megatron's algorithm on `regex`'s split (tests/data/gpt2_reference.py's BPE on pattern words)."""
+    vocab, merges, _ = _tiny_files(tmp_path)
+    encoder, ranks = gpt2_bpe.load_files(vocab, merges)
+    fast, slow = gpt2_bpe.fast_tokenizer(encoder, ranks), gpt2_bpe.SlowBPE(encoder, ranks)
+    texts = _newer_texts()
+    import regex
+
+    pat = regex.compile(gpt2_bpe.PATTERN)
+    ref = ReferenceGPT2(vocab, merges)
+    want = [[i for w in pat.findall(t) for i in ref.encode_word(w)] for t in texts]
+    assert [slow.encode(t) for t in texts] == want
+    assert fast.encode_batch(texts) == want
+    megatron = _megatron_gpt2(vocab, merges, tmp_path)
+    if megatron is None:
+        pytest.skip(f"no Megatron-LM git mirror at {MEGATRON_GIT} (LINGJUN_MEGATRON_LM_GIT): checked against "
+                    "the regex split only")
+    assert [megatron(t) for t in texts] == want
+
+
+def test_has_newer_characters() -> None:
+    assert not gpt2_bpe.has_newer_characters("ascii only")
+    assert not gpt2_bpe.has_newer_characters("\u4e2d\u6587 \U0001F642 \u00e9")
+    assert gpt2_bpe.has_newer_characters("x" + NEW_LETTER)
