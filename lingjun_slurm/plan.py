@@ -336,6 +336,14 @@ def fault_vars(spec: Spec, res: StageResources, executor: str, launcher: tuple[W
             "need": res.nodes}
 
 
+def merge_in_preprocess(spec: Spec) -> bool:
+    """The built-in data stage with one shard: no merge job; the preprocess task writes the merged
+    outputs itself (a merge of one shard is that shard's bytes: hard links; docs/preprocessing.md)."""
+    active = active_builtins(spec)
+    return (spec.data.tool == "builtin" and spec.data.shards == 1 and "preprocess" in active
+            and "merge" in active)
+
+
 def _array(spec: Spec) -> str:
     n = len(spec.data.inputs) if spec.data.tool == "megatron-lm" else spec.data.shards
     return f"0-{n - 1}"
@@ -348,6 +356,7 @@ def settings(spec: Spec, cplan: ContainerPlan | None = None) -> dict[str, Any]:
         "container": {"image": spec.container.image, "cache_dir": cplan.cache_dir, "arch": None}
         if cplan is not None and cplan.staged else None,
         "data": {**dump["data"], "output_prefix": output_prefix(spec), "shard_dir": f"{output_prefix(spec)}.shards",
+                 "merge_in_preprocess": merge_in_preprocess(spec),
                  "train_prefix": data_prefix(spec) if not spec.stages.train.skip or spec.data.prefix else None},
         "model": resolve_model(spec),
         "parallelism": dump["parallelism"],
@@ -396,11 +405,16 @@ def build_plan(spec: Spec, *, run_id: str | None = None, spec_sha256: str = "", 
     last_builtin: str | None = None
     pending_before: list[Dependency] = []
     command_names = {c.name for c in spec.stages.commands}
+    folded = merge_in_preprocess(spec)
     for item in stage_order(spec):
+        if item == "merge" and folded:
+            continue  # one shard: the preprocess task writes the merged outputs (stages/preprocess.py)
         if isinstance(item, CommandStage):
             res = command_resources(spec, item)
             if item.after and item.after in command_names:
                 anchor: str | None = item.after
+            elif item.after == "merge" and folded:
+                anchor = "preprocess"
             elif item.after and item.after in active_builtins(spec):
                 anchor = item.after
             else:

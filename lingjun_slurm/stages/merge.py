@@ -5,8 +5,9 @@
 Like a preprocess shard (data/resume.py), a merge whose inputs are unchanged is skipped: after a
 merge, {shard_dir}/merge.done (written last, atomically) records what it was made from: every
 shard's .done marker (by SHA-256: it carries the fingerprint of that shard's inputs, tokenizer
-and flags), the size and mtime of every shard .bin/.idx, and the size and mtime of every output
-it wrote. A rerun (resubmit --from merge, or a resubmit from preprocess where every shard was
+and flags), the size and mtime of every shard .bin/.idx, the SHA-256 of each shard .idx's 34-byte
+header (dtype, sequence and document counts), and the size and mtime of every output it wrote:
+checking it reads a few bytes per shard, never the data. A rerun (resubmit --from merge, or a resubmit from preprocess where every shard was
 skipped) whose shards all still check out (data.shard.check_shards) and whose record matches
 prints "already done" and leaves the outputs alone; anything else merges again. The record is
 removed before a merge starts, so an interrupted merge is never taken for a finished one.
@@ -21,9 +22,10 @@ import sys
 from typing import Any, Optional
 
 from ..data import DataError
+from ..data.writer import HEADER_BYTES
 
 MERGE_MARKER = "merge.done"
-MERGE_FORMAT = 1
+MERGE_FORMAT = 2  # 2: + the SHA-256 of each shard .idx header
 
 
 def marker_file(shard_dir: str) -> str:
@@ -38,10 +40,10 @@ def _stat(path: str) -> Optional[list[int]]:
     return [st.st_size, st.st_mtime_ns]
 
 
-def _digest(path: str) -> Optional[str]:
+def _digest(path: str, limit: int = -1) -> Optional[str]:
     try:
         with open(path, "rb") as fh:
-            return hashlib.sha256(fh.read()).hexdigest()
+            return hashlib.sha256(fh.read(limit)).hexdigest()
     except OSError:
         return None
 
@@ -54,7 +56,9 @@ def inputs_record(ds: Any) -> dict[str, Any]:
     for shard in range(ds.shards):
         files = {f"{key}{ext}": _stat(dataset_prefix(ds.shard_dir, shard, key) + ext)
                  for key in ds.keys for ext in (".bin", ".idx")}
-        shards.append({"marker_sha256": _digest(marker_path(ds.shard_dir, shard)), "files": files})
+        headers = {key: _digest(dataset_prefix(ds.shard_dir, shard, key) + ".idx", HEADER_BYTES) for key in ds.keys}
+        shards.append({"marker_sha256": _digest(marker_path(ds.shard_dir, shard)), "files": files,
+                       "idx_header_sha256": headers})
     return {"format": MERGE_FORMAT, "keys": list(ds.keys), "shards": shards,
             "targets": [f"{ds.output_prefix}_{key}_document" for key in ds.keys]}
 

@@ -1,6 +1,9 @@
 """The built-in preprocess stage: one Slurm array task = one shard (see docs/preprocessing.md).
 
     python3 -m lingjun_slurm.stages preprocess --plan PLAN.json --shard N  ->  main(plan, N)
+
+With one shard (settings.data.merge_in_preprocess, lingjun_slurm/plan.py) the plan has no merge
+job: this task then runs the merge too (stages/merge.py; one shard's outputs are hard links).
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ def main(plan: dict, shard: int) -> int:
     from ..data.shard import DataSettings, run_shard
 
     try:
-        run_shard(DataSettings.from_plan(plan), shard)
+        ds = DataSettings.from_plan(plan)
+        run_shard(ds, shard)
     except DataError as exc:
         print(f"lingjun-slurm: preprocess shard {shard}: {exc}", file=sys.stderr, flush=True)
         return 1
@@ -23,4 +27,9 @@ def main(plan: dict, shard: int) -> int:
         print(f"lingjun-slurm: preprocess shard {shard}: interrupted; partial outputs removed",
               file=sys.stderr, flush=True)
         return 130
+    if plan["settings"]["data"].get("merge_in_preprocess") and ds.shards == 1:
+        # The plan has no merge job (plan.merge_in_preprocess): its work, here. One shard: hard links.
+        from . import merge
+
+        return merge.main(plan)
     return 0
