@@ -7,28 +7,36 @@
     python3 -m lingjun_slurm.exclusion crashed --run-dir D --job ID --log JOB.out --offset N --nodes "n1 n2"
 
 `add` records each node in D/nodes/excluded.json and prints, on one line, the ExcNodeList the
-batch script then sets on its own job (every node excluded so far, this job's earlier
-exclusions included); nothing when no node may be excluded. The bound: at most M nodes per job,
-and never so many that the job's partition keeps fewer than N usable nodes (`sinfo`: nodes not
-down, drained, failed or in maintenance), so a requeued job can still start. A node left out by
-the bound is recorded with `"excluded": false` and the reason, so `status` says why it still runs
-there. `--drain` also drains the node with the reason (`scontrol update NodeName=... State=DRAIN
-Reason=...`, which needs Slurm operator rights: the admin grants them; without them the drain
-fails, is recorded, and the exclusion still holds).
+batch script then sets on its own job: the job's own ExcNodeList (the spec's `exclude`) plus every
+node excluded for it so far, since an update replaces the list; nothing when no node is newly
+excluded (the list set before stays: Slurm keeps ExcNodeList across requeues, batch_requeue_fini
+never clears it). The bound: at most M nodes per job, never a node the job requires (ReqNodeList,
+the spec's `nodelist`), and never so many that the nodes the job could run on (its partition's
+usable nodes, with its constraint's features, in its reservation) drop below N, so a requeued job
+can still start; where that cannot be counted (a constraint with counts or brackets, an
+unreadable reservation) nothing is excluded. A node left out by the bound is recorded with
+`"excluded": false` and the reason, so `status` says why it still runs there. `--drain` also
+drains the node with the reason (`scontrol update NodeName=... State=DRAIN Reason=...`, which
+needs Slurm operator rights: the admin grants them; without them the drain fails, is recorded,
+and the exclusion still holds).
 
 `gone` is the node-failure case: run at the start of a requeued attempt with the node list of
 the attempt before (the jobs/<id> markers), it excludes the nodes Slurm now has down or not
 responding (a NODE_FAIL requeue: Slurm itself never allocates a DOWN node, but one that comes
-back flapping would be chosen again).
+back flapping would be chosen again). `hung` takes the watchdog's record, `crashed` the job log
+(lingjun_slurm/crashlog.py).
 
-Why the batch script applies the list itself, and how (slurm_templates/train.sbatch.j2,
-requeue_excluding): Slurm takes a new ExcNodeList only on a pending job. `_update_job` refuses
-it otherwise (SchedMD/slurm src/slurmctld/job_mgr.c, the `exc_nodes` branch of _update_job:
-"Job is no longer pending execution", ESLURM_JOB_NOT_PENDING; reproduced on the test cluster
-with slurm 22.05), so the script holds its own requeue (`scontrol requeuehold`), which makes the
-job pending (completing) at once, sets ExcNodeList, and releases it. The requeue also signals
-the batch script (TERM, then KILL after KillWait), so the script ignores TERM for those three
-calls: without it the update's scontrol was killed mid-call (exit 143) on the test cluster.
+How the batch script applies the list (slurm_templates/partials/faults.sh.j2, requeue_excluding):
+`scontrol requeue` of its own job, then `scontrol update JobId=... ExcNodeList=...`. Slurm takes a
+new ExcNodeList only on a pending job (`_update_job`, the exc_nodes branch: "Job is no longer
+pending execution", ESLURM_JOB_NOT_PENDING, SchedMD/slurm src/slurmctld/job_mgr.c), and a
+requeued job is pending at once, still completing while this script runs
+(`_set_requeued_job_pending_completing`; it cannot start before the script ends and then waits
+`_requeue_delay()`), so the update lands before it can be scheduled again; verified on the test
+cluster (slurm 22.05). No hold is needed: a held requeue (`requeuehold`) that the script failed to
+release would leave the job held for good. The requeue signals the batch script (TERM, then KILL
+after KillWait): the script ignores TERM meanwhile, since the update's scontrol was killed
+mid-call (exit 143) without it.
 
 Standard library only: it runs on the batch host with plain python3 (>= 3.8).
 """
@@ -87,30 +95,85 @@ def excluded_for(doc: dict, job: str) -> List[str]:
     return out
 
 
-def job_partition(job: str) -> Optional[str]:
+def job_fields(job: str) -> Dict[str, str]:
+    """The job's Partition, ExcNodeList, ReqNodeList, Reservation and Features (`scontrol show job -o`;
+    "(null)" as "")."""
     proc = _run(["scontrol", "show", "job", "-o", job])
+    out: Dict[str, str] = {}
+    if proc.returncode != 0:
+        return out
+    for word in proc.stdout.split():
+        key, sep, value = word.partition("=")
+        if sep and key in ("Partition", "ExcNodeList", "ReqNodeList", "Reservation", "Features"):
+            out[key] = "" if value == "(null)" else value
+    return out
+
+
+def hostnames(hostlist: str) -> List[str]:
+    """A Slurm hostlist expression expanded (`scontrol show hostnames`); [] for none."""
+    if not hostlist:
+        return []
+    proc = _run(["scontrol", "show", "hostnames", hostlist])
+    return proc.stdout.split() if proc.returncode == 0 else hostlist.split(",")
+
+
+def reservation_nodes(name: str) -> Optional[List[str]]:
+    proc = _run(["scontrol", "show", "reservation", "-o", name])
     if proc.returncode != 0:
         return None
     for word in proc.stdout.split():
-        if word.startswith("Partition="):
-            return word.split("=", 1)[1] or None
+        if word.startswith("Nodes="):
+            return hostnames(word[6:] if word[6:] != "(null)" else "")
     return None
 
 
-def usable_nodes(partition: Optional[str]) -> Optional[List[str]]:
-    """The nodes of the partition(s) that Slurm would allocate now (None: sinfo failed)."""
-    argv = ["sinfo", "-h", "-N", "-o", "%N %T"] + (["-p", partition] if partition else [])
+def _constraint_alternatives(features: str) -> Optional[List[set]]:
+    """A --constraint of plain names joined by & and | as alternatives of required feature sets;
+    None for what this cannot count (counts, brackets, node-level operators)."""
+    if not features:
+        return [set()]
+    if any(c in features for c in "[]()*,:"):
+        return None
+    return [set(filter(None, alt.split("&"))) for alt in features.split("|")]
+
+
+def usable_nodes(fields: Dict[str, str]) -> Optional[List[str]]:
+    """The nodes the job could run on now: its partition's nodes Slurm allocates (sinfo %T: not down,
+    drained, failing, in maintenance, reserved, blocked, powering down or not responding), with its
+    constraint's features, in its reservation. None: not countable (sinfo failed, a constraint
+    this cannot evaluate, an unreadable reservation)."""
+    alternatives = _constraint_alternatives(fields.get("Features", ""))
+    if alternatives is None:
+        return None
+    partition = fields.get("Partition")
+    argv = ["sinfo", "-h", "-N", "-o", "%N %T %f"] + (["-p", partition] if partition else [])
     proc = _run(argv)
     if proc.returncode != 0:
+        return None
+    inside = reservation_nodes(fields["Reservation"]) if fields.get("Reservation") else None
+    if fields.get("Reservation") and inside is None:
         return None
     nodes: List[str] = []
     for line in proc.stdout.splitlines():
         parts = line.split()
-        if len(parts) != 2:
+        if len(parts) < 2:
             continue
-        name, state = parts
-        base = state.lower().rstrip("*~#%!$@^-")
-        if state.endswith("*") or any(base.startswith(u) for u in UNUSABLE):
+        name, state = parts[0], parts[1].lower()
+        have = set(parts[2].split(",")) if len(parts) > 2 and parts[2] != "(null)" else set()
+        # node_state_string's suffixes: * not responding, $ maintenance reservation, ! / % power
+        # down pending / in progress, @ reboot pending, # powering up / being configured, ^ reboot
+        # issued: all unusable now; ~ (powered down, resumed on demand), + and - (completing, planned)
+        # are usable.
+        if any(c in state for c in "*$!%@#^"):
+            continue
+        base = state.rstrip("~+-")
+        if any(base.startswith(u) for u in UNUSABLE) or base.startswith("blocked"):
+            continue
+        if base.startswith(("reserved", "resv")) and inside is None:  # another reservation's, not the job's
+            continue
+        if not any(alt <= have for alt in alternatives):
+            continue
+        if inside is not None and name not in inside:
             continue
         if name not in nodes:
             nodes.append(name)
@@ -119,30 +182,43 @@ def usable_nodes(partition: Optional[str]) -> Optional[List[str]]:
 
 def add(run_dir: str, job: str, need: int, max_nodes: int, found: List[Dict[str, str]], drain: bool,
         now: Optional[float] = None) -> List[str]:
-    """Record `found` ({node, reason, source}) for `job`; return the ExcNodeList to apply ([] = none)."""
+    """Record `found` ({node, reason, source}) for `job`; return the ExcNodeList to set, [] when
+    nothing new is excluded. The list is the job's own ExcNodeList (the spec's `exclude` included)
+    plus every node excluded for it so far: an update replaces the list, it does not add."""
     now = time.time() if now is None else now
     doc = read_record(run_dir)
     already = excluded_for(doc, job)
+    fields: Optional[Dict[str, str]] = None
     usable: Optional[List[str]] = None
+    current: List[str] = []
+    new = False
     changed = False
     for item in found:
         node, reason, source = item["node"], " ".join(item["reason"].split()), item.get("source", "")
         if node in already:
             continue
+        if fields is None:
+            fields = job_fields(job)
+            current = hostnames(fields.get("ExcNodeList", ""))
+            usable = usable_nodes(fields)
         entry = {"node": node, "reason": reason, "source": source, "job": job, "time": round(now, 3),
                  "excluded": False}
         if len(already) >= max_nodes:
             entry["not_excluded"] = f"training.exclude_bad_nodes ({max_nodes}) already excluded for this job"
+        elif node in hostnames(fields.get("ReqNodeList", "")):
+            entry["not_excluded"] = "the job requires this node (its nodelist)"
+        elif usable is None:
+            entry["not_excluded"] = ("the nodes the job could use cannot be counted (sinfo, its reservation or "
+                                     f"its constraint {fields.get('Features') or ''!r})")
         else:
-            if usable is None:
-                usable = usable_nodes(job_partition(job)) or []
-            left = [n for n in usable if n not in already and n != node]
+            left = [n for n in usable if n not in already and n not in current and n != node]
             if len(left) < need:
-                entry["not_excluded"] = (f"the job needs {need} nodes and its partition would keep "
-                                         f"{len(left)} usable")
+                where = f"its partition{' and reservation' if fields.get('Reservation') else ''}"
+                entry["not_excluded"] = f"the job needs {need} nodes and {where} would keep {len(left)} usable"
             else:
                 entry["excluded"] = True
                 already.append(node)
+                new = True
         if drain and entry["excluded"]:
             proc = _run(["scontrol", "update", f"NodeName={node}", "State=DRAIN",
                          f"Reason=lingjun-slurm: {reason}"[:250]])
@@ -156,7 +232,9 @@ def add(run_dir: str, job: str, need: int, max_nodes: int, found: List[Dict[str,
     if changed:
         doc["schema"] = SCHEMA
         _write_record(run_dir, doc)
-    return already if changed or already else []
+    if not new:
+        return []
+    return current + [n for n in already if n not in current]
 
 
 def from_verdict(path: str) -> List[Dict[str, str]]:
@@ -248,9 +326,9 @@ def hung(run_dir: str, job: str, record: str, stacks_dir: Optional[str], need: i
     try:
         doc = json.loads(Path(record).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return excluded_for(read_record(run_dir), job)
+        return []
     if not isinstance(doc, dict):
-        return excluded_for(read_record(run_dir), job)
+        return []
     stacks = stacks_dir or doc.get("stacks_dir")
     last = doc.get("last_iteration")
     found = []
@@ -264,7 +342,7 @@ def hung(run_dir: str, job: str, record: str, stacks_dir: Optional[str], need: i
             found.append({"node": node, "source": "watchdog",
                           "reason": f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} hung "
                                     f"(no stack dump on request; last iteration {last})"})
-    return add(run_dir, job, need, max_nodes, found, drain) if found else excluded_for(read_record(run_dir), job)
+    return add(run_dir, job, need, max_nodes, found, drain) if found else []
 
 
 def crashed(run_dir: str, job: str, log: str, offset: int, nodes: List[str], need: int, max_nodes: int,
@@ -277,7 +355,7 @@ def crashed(run_dir: str, job: str, log: str, offset: int, nodes: List[str], nee
         found = blame(log, offset, nodes or None)["found"]
     except OSError:
         found = []
-    return add(run_dir, job, need, max_nodes, found, drain) if found else excluded_for(read_record(run_dir), job)
+    return add(run_dir, job, need, max_nodes, found, drain) if found else []
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -327,7 +327,7 @@ def fault_vars(spec: Spec, res: StageResources, executor: str, launcher: tuple[W
                     "log_interval": tr.log_interval, "stacks": in_image}
     pre_launcher: tuple[Word, ...] = ()
     if preflight:
-        pre_launcher = ("srun", Shell('--ntasks="$SLURM_JOB_NUM_NODES"'), "--ntasks-per-node=1",
+        pre_launcher = ("srun", Shell('--ntasks="${SLURM_JOB_NUM_NODES:-1}"'), "--ntasks-per-node=1",
                         "--kill-on-bad-exit=0", "--time=10", *[w for w in launcher[1:] if not (
                             isinstance(w, str) and w.startswith(("--kill-on-bad-exit", "--cpu-bind")))])
     return {"preflight": preflight, "preflight_launcher": pre_launcher, "watchdog": watchdog,

@@ -27,10 +27,9 @@ On a hang: one line on stderr, the JSON record (below) written to --record, SIGU
 step's tasks (each dumps every thread's Python stack into --stacks-dir, lingjun_slurm.stacks),
 up to --grace seconds for the dumps (less with --ntasks N once N files grew), the record
 rewritten with the stack files, then the step ended, and exit 3.
-  slurm: SIGUSR2 by `scancel --signal=USR2 JOB`, which signals every step of the job but not the
-         batch step (slurmctld job_mgr.c _signal_job sets KILL_STEPS_ONLY; slurmd req.c
-         _kill_all_active_steps skips SLURM_BATCH_SCRIPT), falling back to SIGUSR2 to srun
-         (which forwards it to its tasks, srun/signals.c). The step is ended by SIGTERM to srun,
+  slurm: SIGUSR2 to srun, which forwards it to the tasks of its step (srun/signals.c), falling back
+         to `scancel --signal=USR2 JOB` (every step but the batch one: job_mgr.c _signal_job
+         KILL_STEPS_ONLY, slurmd req.c _kill_all_active_steps; the extern step too). The step is ended by SIGTERM to srun,
          which srun turns into SIGKILL for every task ("forcing job termination",
          srun/signals.c), then SIGKILL to srun if it is still there after --grace. Never
          `scancel --signal=KILL JOB`: on a running job that cancels the whole job (job_mgr.c
@@ -312,7 +311,12 @@ class Actions:
         self.executor, self.pid, self.job, self.scancel = executor, pid, job, scancel
 
     def signal_tasks(self) -> str:
-        """SIGUSR2 to every task of the step; says how."""
+        """SIGUSR2 to every task of the step; says how. srun forwards it to the tasks of its own step
+        (srun/signals.c), and so does the local launcher. `scancel --signal=USR2 JOB` only when srun
+        is gone: it signals every step but the batch one, the extern step too, whose `sleep` dies of
+        it in Slurm 22.05-24.11 (slurmstepd mgr.c), ending pam_slurm_adopt's sessions."""
+        if _kill(self.pid, signal.SIGUSR2):
+            return f"kill -USR2 {self.pid}"
         if self.executor == "slurm" and self.job:
             cmd = [self.scancel, "--signal=USR2", self.job]
             try:
@@ -320,15 +324,14 @@ class Actions:
                     return " ".join(cmd)
             except (OSError, subprocess.SubprocessError) as exc:
                 print(f"{PREFIX} {' '.join(cmd)}: {exc}", file=sys.stderr, flush=True)
-        _kill(self.pid, signal.SIGUSR2)  # srun and the local launcher forward it to their tasks
-        return f"kill -USR2 {self.pid}"
+        return "none (the step's launcher is gone)"
 
     def probe(self, stacks_dir: str) -> list[dict[str, Any]]:
         """Each rank's process state (Linux /proc/PID/stat: R running, S sleeping, D uninterruptible,
         T stopped, Z zombie, gone) read on its own node, before anything is signalled: a stopped or
-        uninterruptible rank is the one that holds the others up (a dump cannot tell: slurmstepd
-        continues a stopped task before it signals it, so even a SIGSTOPped rank answers SIGUSR2,
-        seen on the test cluster). Ranks are the stack files' <node>-rank<R>-pid<P>.txt names;
+        uninterruptible rank is the one that holds the others up (a dump cannot always tell: on
+        the test cluster (proctrack/linuxproc) even a SIGSTOPped rank answered SIGUSR2, its stop
+        undone on the way; under proctrack/cgroup only SIGKILL resumes a stopped cgroup). Ranks are the stack files' <node>-rank<R>-pid<P>.txt names;
         on Slurm one host task per node reads them (`srun --overlap`: beside the hung step)."""
         paths = sorted(p for p in stack_sizes(stacks_dir) if parse_stacks_name(p)["pid"] is not None)
         ranks = [(p, parse_stacks_name(p)) for p in paths]
@@ -339,9 +342,12 @@ class Actions:
                       'pid=${f##*-pid}; pid=${pid%.txt}; st=gone; '
                       'if [ -r "/proc/$pid/stat" ]; then read -r line < "/proc/$pid/stat" || true; '
                       'rest=${line##*) }; st=${rest%% *}; fi; echo "${f##*/} $st"; done')
-            cmd = ["srun", "--overlap", f"--jobid={self.job}", f"--nodes={len({r['node'] for _, r in ranks})}",
-                   "--ntasks-per-node=1", "--time=1", "--kill-on-bad-exit=0", "bash", "-c", script, "probe",
-                   stacks_dir]
+            nodes = sorted({str(r["node"]) for _, r in ranks})
+            # Exactly those nodes, one task each: without --ntasks, 22.05 takes the job's SLURM_NTASKS
+            # and ignores --ntasks-per-node (libsrun/opt.c, 22.05).
+            cmd = ["srun", "--overlap", f"--jobid={self.job}", f"--nodelist={','.join(nodes)}",
+                   f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}", "--ntasks-per-node=1", "--time=1",
+                   "--kill-on-bad-exit=0", "bash", "-c", script, "probe", stacks_dir]
             states: dict[str, str] = {}
             try:
                 proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)

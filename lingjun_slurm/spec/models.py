@@ -62,6 +62,7 @@ TIME_S_MAX = 2**31 - 1 - 59
 MEM_MIB_MAX = 2**63 - 1
 
 # Why each upper bound is what it is, for the error message (by the bound's value).
+HANG_MAX = 7 * 86400  # training.hang_timeout, hang_startup_timeout
 LIMIT_REASONS = {
     COUNT_MAX: "the train script compares iterations in bash, whose test takes 64-bit integers, and Megatron "
                "counts iterations x global_batch samples in int64",
@@ -69,6 +70,7 @@ LIMIT_REASONS = {
     DIM_MAX: "cuBLAS takes int dimensions and token ids are int32 in Megatron's .bin files",
     WORLD_MAX: "it must divide the world size, at most nodes x tasks_per_node",
     NODES_MAX: "no Slurm cluster is larger",
+    HANG_MAX: "a week: no iteration, save or start-up should take longer, and the watchdog counts in seconds",
 }
 _AN_ITERATION_COUNT = "an iteration count, bounded as iterations is"
 FIELD_LIMIT_REASONS = {
@@ -436,13 +438,13 @@ class TrainingSpec(SpecModel):
                     "train stage has GPUs (docs/fault-tolerance.md).",
     )
     hang_timeout: int = Field(
-        default=1800, ge=0, le=7 * 86400,
+        default=1800, ge=0, le=HANG_MAX,
         description="Seconds without a new iteration after which every rank's Python stacks are collected into the "
                     "run directory and the step is ended, to resume from the last checkpoint; 0: no watchdog. "
                     "Raised at run time to the log interval times the measured step time when that is longer.",
     )
     hang_startup_timeout: int = Field(
-        default=3600, ge=0, le=7 * 86400,
+        default=3600, ge=0, le=HANG_MAX,
         description="Seconds allowed before the first iteration (model build, checkpoint load, dataset indexes); "
                     "0: no limit before the first iteration.",
     )

@@ -110,7 +110,7 @@ def test_the_job_asks_for_the_train_stage_less_requeue_signal_and_dependency(tmp
     assert opts["nodes"] == "2" and opts["gpus-per-node"] == "2" and opts["account"] == "acct"
     words = [w.expr if isinstance(w, Shell) else w for w in job.stage.launcher]
     assert f"--container-image={sqsh}" in words and not [w for w in words if w.startswith("--container-name")]
-    assert words[:5] == ["srun", '--ntasks="$SLURM_JOB_NUM_NODES"', "--ntasks-per-node=1", "--kill-on-bad-exit=0",
+    assert words[:5] == ["srun", '--ntasks="${SLURM_JOB_NUM_NODES:-1}"', "--ntasks-per-node=1", "--kill-on-bad-exit=0",
                          "--time=10"]
     assert "LINGJUN_SITE" in next(w for w in words if w.startswith("--container-env="))
     plan = json.loads(job.files["plan.json"])

@@ -19,13 +19,18 @@ from lingjun_slurm.status import StageStatus, _add_note
 REPO = Path(__file__).resolve().parents[2]
 
 
-def stand_ins(tmp: Path, sinfo: str, partition: str = "gpu") -> dict[str, str]:
+def stand_ins(tmp: Path, sinfo: str, partition: str = "gpu", job: str = "ExcNodeList=(null) ReqNodeList=(null)",
+              reservation: str = "") -> dict[str, str]:
+    """scontrol: `show job -o` prints `JobId=7 Partition=... <job>`, `show hostnames a,b` one per line
+    (no bracket ranges here), `show reservation -o` prints <reservation>; sinfo prints <sinfo>."""
     bin_dir = tmp / "bin"
     bin_dir.mkdir(exist_ok=True)
     log = tmp / "calls.log"
     (bin_dir / "scontrol").write_text(
         f"#!/bin/bash\necho \"scontrol $*\" >> {log}\n"
-        f"if [ \"$1\" = show ]; then echo 'JobId=7 JobName=x Partition={partition} ExcNodeList=(null)'; fi\n")
+        f"if [ \"$1 $2\" = 'show job' ]; then echo 'JobId=7 JobName=x Partition={partition} {job}'; fi\n"
+        "if [ \"$1 $2\" = 'show hostnames' ]; then echo \"$3\" | tr ',' '\\n'; fi\n"
+        f"if [ \"$1 $2\" = 'show reservation' ]; then echo '{reservation}'; fi\n")
     (bin_dir / "sinfo").write_text(f"#!/bin/bash\necho \"sinfo $*\" >> {log}\ncat <<'EOF'\n{sinfo}EOF\n")
     for f in bin_dir.iterdir():
         f.chmod(0o755)
@@ -73,7 +78,7 @@ def test_the_bound_caps_the_count_per_job(tmp_path: Path) -> None:
     args = ["add", "--run-dir", str(tmp_path), "--job", "7", "--need", "1", "--max", "1"]
     assert run(env, *args, "--node", "node1", "--reason", "a", "--source", "preflight").stdout.strip() == "node1"
     proc = run(env, *args, "--node", "node2", "--reason", "b", "--source", "preflight")
-    assert proc.stdout.strip() == "node1"  # node2 recorded, not excluded
+    assert proc.stdout.strip() == ""  # node2 recorded, not excluded: nothing new to set
     assert "training.exclude_bad_nodes (1) already excluded" in proc.stderr
     # Another job of the run (a resubmit) starts with its own budget.
     assert run(env, "add", "--run-dir", str(tmp_path), "--job", "8", "--need", "1", "--max", "1", "--node", "node2",
@@ -88,7 +93,8 @@ def test_not_responding_nodes_do_not_count_as_usable(tmp_path: Path) -> None:
     assert proc.stdout.strip() == "node1"  # node4 is left
     proc = run(env, "add", "--run-dir", str(tmp_path), "--job", "7", "--need", "1", "--max", "2",
                "--node", "node4", "--reason", "y", "--source", "preflight")
-    assert proc.stdout.strip() == "node1"  # node4 would leave none: node2 (idle*) and node3 (down) don't count
+    assert proc.stdout.strip() == ""  # node4 would leave none: node2 (idle*) and node3 (down) don't count
+    assert "would keep 0 usable" in proc.stderr
 
 
 def test_a_preflight_verdict_and_a_failed_drain(tmp_path: Path) -> None:
@@ -192,7 +198,57 @@ def test_crashed_excludes_the_node_a_device_error_is_tied_to(tmp_path: Path) -> 
     assert proc.stdout.strip() == "gpu2", proc.stderr
     doc = json.loads((tmp_path / "nodes" / "excluded.json").read_text())
     assert [(n["node"], n["source"]) for n in doc["nodes"]] == [("gpu2", "crash")]
-    # A crash without a device error (here: nothing after the end) blames no one, keeps the list.
+    # A crash without a device error (here: nothing after the end) blames no one: nothing to set.
     proc = run(env, *args, "--offset", str(log.stat().st_size))
-    assert proc.stdout.strip() == "gpu2" and len(json.loads((tmp_path / "nodes" / "excluded.json").read_text())
-                                                 ["nodes"]) == 1
+    assert proc.stdout.strip() == "" and len(json.loads((tmp_path / "nodes" / "excluded.json").read_text())
+                                             ["nodes"]) == 1
+
+
+def test_the_jobs_own_exclusions_stay_and_its_required_nodes_are_never_excluded(tmp_path: Path) -> None:
+    """The spec's sbatch_extra exclude is the job's ExcNodeList: an update replaces it, so it is kept
+    in the list; a node of the job's nodelist (ReqNodeList) would leave it pending for good."""
+    env = stand_ins(tmp_path, FOUR_IDLE + "node9 idle\n", job="ExcNodeList=node9 ReqNodeList=node1")
+    base = ["add", "--run-dir", str(tmp_path), "--job", "7", "--need", "2", "--max", "3"]
+    proc = run(env, *base, "--node", "node1", "--reason", "x", "--source", "preflight")
+    assert proc.stdout.strip() == "" and "the job requires this node (its nodelist)" in proc.stderr
+    proc = run(env, *base, "--node", "node2", "--reason", "y", "--source", "preflight")
+    assert proc.stdout.strip() == "node9,node2", proc.stderr
+
+
+@pytest.mark.parametrize("state", ["idle$", "mixed$", "idle!", "idle%", "reserved", "blocked", "idle@", "down~"])
+def test_nodes_slurm_would_not_allocate_now_are_not_counted(tmp_path: Path, state: str) -> None:
+    """node_state_string's suffixes and states (SchedMD/slurm src/common/slurm_protocol_defs.c): a
+    maintenance reservation ($), power down pending/in progress (! %), reboot pending (@), reserved,
+    blocked, down: a 2-node job on node1..node3 whose node3 is in that state cannot lose node2."""
+    env = stand_ins(tmp_path, f"node1 allocated\nnode2 allocated\nnode3 {state}\n")
+    proc = run(env, "add", "--run-dir", str(tmp_path), "--job", "7", "--need", "2", "--max", "2",
+               "--node", "node2", "--reason", "x", "--source", "preflight")
+    assert proc.stdout.strip() == "", (state, proc.stderr)
+
+
+@pytest.mark.parametrize("state", ["idle~", "allocated+", "mixed-", "planned", "idle"])
+def test_usable_states_count(tmp_path: Path, state: str) -> None:
+    env = stand_ins(tmp_path, f"node1 allocated\nnode2 allocated\nnode3 {state}\n")
+    proc = run(env, "add", "--run-dir", str(tmp_path), "--job", "7", "--need", "2", "--max", "2",
+               "--node", "node2", "--reason", "x", "--source", "preflight")
+    assert proc.stdout.strip() == "node2", (state, proc.stderr)
+
+
+def test_the_bound_counts_only_the_jobs_reservation_and_constraint(tmp_path: Path) -> None:
+    sinfo = "node1 allocated h100,ib\nnode2 allocated h100,ib\nnode3 idle h100,ib\nnode4 idle a100,ib\n"
+    base = ["add", "--run-dir", str(tmp_path), "--job", "7", "--need", "2", "--max", "2", "--node", "node2",
+            "--reason", "x", "--source", "preflight"]
+    # constraint h100: node4 does not count, node3 does
+    env = stand_ins(tmp_path, sinfo, job="ExcNodeList=(null) Features=h100&ib")
+    assert run(env, *base).stdout.strip() == "node2"
+    (tmp_path / "nodes" / "excluded.json").unlink()
+    # in reservation big (node1, node2, node4) with constraint h100: only node1 would be left
+    env = stand_ins(tmp_path, sinfo, job="ExcNodeList=(null) Features=h100 Reservation=big",
+                    reservation="ReservationName=big Nodes=node1,node2,node4 State=ACTIVE")
+    proc = run(env, *base)
+    assert proc.stdout.strip() == "" and "its partition and reservation would keep 1 usable" in proc.stderr
+    (tmp_path / "nodes" / "excluded.json").unlink()
+    # a constraint with counts cannot be counted: nothing is excluded
+    env = stand_ins(tmp_path, sinfo, job="ExcNodeList=(null) Features=[h100*2&ib]")
+    proc = run(env, *base)
+    assert proc.stdout.strip() == "" and "cannot be counted" in proc.stderr

@@ -194,7 +194,9 @@ def test_accepted_values_arrive_literally_in_megatron_arguments(tmp_path: Path) 
     results = run_all_scripts(outdir, tmp_path / "bin", tmp_path)
     assert all(rc == 0 for n, rc, _ in results if n == "train.sbatch")
     calls = [line.split("\0")[:-1] for line in (tmp_path / "argv.log").read_text().splitlines() if line]
-    train = next(c for c in calls if c[0].endswith("pretrain_gpt.py"))
+    # python3 -m lingjun_slurm.pyrun .../pretrain_gpt.py ARGS: pyrun registers the hang watchdog's stack dump
+    train = next(c[c.index(w):] for c in calls for w in c if w.endswith("pretrain_gpt.py"))
+    assert any(c[:2] == ["-m", "lingjun_slurm.pyrun"] for c in calls if train[0] in c), calls
     assert train[train.index("--save") + 1] == weird
     assert train[train.index("--load") + 1] == weird
     assert train[-2:] == ["--data-cache-path", weird]

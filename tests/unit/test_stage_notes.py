@@ -71,15 +71,15 @@ def test_an_ended_stage_is_read_once_a_running_one_every_time(tmp_path: Path, mo
         st = _stage("9", "RUNNING")
         status._add_note(st, t, str(tmp_path))
         assert st.reason == LINE
-    assert t.reads == 3
+    assert t.reads == 6  # the note and nodes/excluded.json, each refresh
     for _ in range(3):
         st = _stage("9", "COMPLETED")
         status._add_note(st, t, str(tmp_path))
         assert st.reason == LINE
-    assert t.reads == 4
+    assert t.reads == 8
     st = _stage("9", "PENDING")
     status._add_note(st, t, str(tmp_path))
-    assert t.reads == 4 and st.reason is None
+    assert t.reads == 9 and st.reason is None  # a pending job: its exclusions only (a requeue away from a node)
 
 
 def test_a_requeued_job_is_read_again_when_it_ends_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -93,4 +93,4 @@ def test_a_requeued_job_is_read_again_when_it_ends_again(tmp_path: Path, monkeyp
     resume.clear_note(str(tmp_path))  # the requeued attempt resumed cleanly
     again = status.StageStatus("train", ["9"], "COMPLETED", None, 0, 12, "host", 1)
     status._add_note(again, t, str(tmp_path))
-    assert again.reason is None and t.reads == 2
+    assert again.reason is None and t.reads == 4  # two files per ended attempt

@@ -262,14 +262,21 @@ def test_a_raised_floor_keeps_a_slow_logger_alive(tmp_path: Path, step, capsys) 
 
 # --- the command line, with a stand-in scancel ----------------------------------------------------
 
-def test_cli_slurm_path_scancel_usr2_then_sigterm_to_srun(tmp_path: Path) -> None:
+def test_cli_slurm_path_usr2_to_srun_then_sigterm_never_scancel(tmp_path: Path) -> None:
+    """SIGUSR2 goes to srun, which forwards it to its own step's tasks (srun/signals.c), not through
+    `scancel --signal=USR2 JOB`, which also hits the extern step (its sleep dies of it in 22.05-24.11);
+    then SIGTERM to srun (its tasks get SIGKILL), never scancel --signal=KILL (that cancels the job)."""
     log = tmp_path / "scancel.log"
     scancel = tmp_path / "scancel"
     scancel.write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
     scancel.chmod(0o755)
+    got = tmp_path / "srun-got-usr2"
     srun = subprocess.Popen([sys.executable, "-c", "import signal, sys, time\n"
-                             "signal.signal(signal.SIGTERM, lambda *a: sys.exit(137))\ntime.sleep(60)"])
+                             f"signal.signal(signal.SIGUSR2, lambda *a: open({str(got)!r}, 'w').close())\n"
+                             "signal.signal(signal.SIGTERM, lambda *a: sys.exit(137))\n"
+                             "while True: time.sleep(0.05)"])
     try:
+        time.sleep(0.5)  # its handlers are in place
         env = {**os.environ, "PYTHONPATH": str(REPO), "SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": "1"}
         r = subprocess.run([sys.executable, "-m", "lingjun_slurm.watchdog", "--format", "builtin",
                             "--progress", str(tmp_path / "metrics.jsonl"), "--timeout", "1", "--startup-timeout", "1",
@@ -277,14 +284,24 @@ def test_cli_slurm_path_scancel_usr2_then_sigterm_to_srun(tmp_path: Path) -> Non
                             "--record", str(tmp_path / "rec" / "hang.json"), "--grace", "0.5", "--poll", "0.1",
                             "--scancel", str(scancel)], env=env, capture_output=True, text=True, timeout=30)
         assert r.returncode == 3, r.stderr
-        assert log.read_text().split("\n")[:1] == ["--signal=USR2 4242"]  # never --signal=KILL 4242
+        assert got.exists() and not log.exists()
         assert srun.wait(5) == 137  # srun got SIGTERM (it turns that into SIGKILL for its tasks)
         rec = json.loads((tmp_path / "rec" / "hang.json").read_text())
-        assert rec["job"] == "4242" and rec["restart"] == 1 and rec["signal"] == f"{scancel} --signal=USR2 4242"
+        assert rec["job"] == "4242" and rec["restart"] == 1 and rec["signal"] == f"kill -USR2 {srun.pid}"
     finally:
         if srun.poll() is None:
             srun.kill()
             srun.wait()
+
+
+def test_cli_falls_back_to_scancel_when_srun_is_gone(tmp_path: Path) -> None:
+    log = tmp_path / "scancel.log"
+    scancel = tmp_path / "scancel"
+    scancel.write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
+    scancel.chmod(0o755)
+    actions = wd.Actions("slurm", 999999999, "4242", str(scancel))
+    assert actions.signal_tasks() == f"{scancel} --signal=USR2 4242"
+    assert log.read_text().split("\n")[:1] == ["--signal=USR2 4242"]
 
 
 def test_cli_exits_quietly_when_the_step_ends(tmp_path: Path) -> None:
