@@ -392,6 +392,7 @@ class Options:
     floor_factor: float = 3.0
     job: Optional[str] = None
     restart: int = 0
+    hold_signals: bool = False  # the command: ignore SIGTERM/SIGINT while a hang is being handled
 
 
 def _iso(wall: Optional[float]) -> str:
@@ -436,6 +437,11 @@ def watch(opts: Options, actions: Actions, clock: Callable[[], float] = time.mon
 
 def _handle_hang(opts: Options, actions: Actions, state: State, start_wall: float,
                  clock: Callable[[], float], sleep: Callable[[float], None]) -> int:
+    # From here the batch script may see the step end (we end it) and stop us with SIGTERM: the
+    # command (main) finishes the record first (bounded: the probe's 60 s, then twice --grace).
+    if opts.hold_signals:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
     now, wall = clock(), time.time()
     idle = now - state.last_activity
     since = wall - idle
@@ -514,7 +520,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         p.error("--log-interval must be >= 1")
     restart = os.environ.get("SLURM_RESTART_COUNT", "0")
     opts = Options(a.format, a.progress, a.timeout, a.startup_timeout, a.log_interval, a.pid, a.stacks_dir,
-                   a.record, a.grace, a.ntasks, a.poll, a.floor_factor, a.job, int(restart) if restart.isdigit() else 0)
+                   a.record, a.grace, a.ntasks, a.poll, a.floor_factor, a.job, int(restart) if restart.isdigit() else 0,
+                   hold_signals=True)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: sys.exit(0))  # the batch script stops it (time limit, the step ended)
     return watch(opts, Actions(a.executor, a.pid, a.job, a.scancel))

@@ -383,3 +383,32 @@ def test_the_probe_reads_each_ranks_process_state_before_any_signal(tmp_path: Pa
         for p in (waiting, stopped):
             p.kill()
             p.wait()
+
+
+def test_a_term_during_the_hang_handling_waits_for_the_record(tmp_path: Path) -> None:
+    """The batch script stops the watchdog (SIGTERM) as soon as srun ends, which the watchdog itself
+    caused: the record must still be finished (signal, stacks, step_ended), not left half written."""
+    srun = subprocess.Popen([sys.executable, "-c", "import signal, sys, time\n"
+                             "signal.signal(signal.SIGUSR2, lambda *a: None)\n"
+                             "signal.signal(signal.SIGTERM, lambda *a: sys.exit(137))\n"
+                             "while True: time.sleep(0.05)"])
+    record = tmp_path / "hang.json"
+    try:
+        time.sleep(0.5)
+        wdog = subprocess.Popen([sys.executable, "-m", "lingjun_slurm.watchdog", "--format", "builtin",
+                                 "--progress", str(tmp_path / "metrics.jsonl"), "--timeout", "1", "--startup-timeout",
+                                 "1", "--pid", str(srun.pid), "--stacks-dir", str(tmp_path / "st"), "--record",
+                                 str(record), "--grace", "1", "--poll", "0.1", "--executor", "local"],
+                                env={**os.environ, "PYTHONPATH": str(REPO)}, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 20
+        while not record.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        wdog.send_signal(signal.SIGTERM)  # as the batch script would, right away
+        assert wdog.wait(30) == 3
+        rec = json.loads(record.read_text())
+        assert rec["signal"] == f"kill -USR2 {srun.pid}" and rec["step_ended"] is True, rec
+    finally:
+        for p in (srun,):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
