@@ -41,8 +41,8 @@ def test_a_stopped_rank_is_a_hang_its_node_is_excluded_and_training_finishes(tmp
                                                                               slurm_env: dict[str, str]) -> None:
     """SIGSTOP on rank 1 after the first checkpoint: the other rank waits in its all-reduce, no new
     iteration appears, and after hang_timeout the watchdog records both ranks' states (rank 1
-    stopped), collects their stacks, ends the step; the script requeues the job held, excludes
-    rank 1's node, releases it, and the next attempt resumes from the checkpoint elsewhere."""
+    stopped), collects their stacks, ends the step; the script requeues the job and sets its
+    ExcNodeList to rank 1's node, and the next attempt resumes from the checkpoint elsewhere."""
     spec = train_spec(tmp_path, "hang", iterations=30, save_interval=SAVE, hang_timeout=12, preflight=False)
     run_id = submitted_run_id(cli("submit", str(spec), "--executor", "slurm", env=slurm_env).stdout)
     run_dir = tmp_path / "hang" / "runs" / run_id
