@@ -17,6 +17,18 @@ Reference, same run: reading the corpus line by line and json.loads of every lin
 (the floor any jsonl preprocessor pays). Ratios: our MB/s over the reference MB/s, and over our
 1-worker MB/s.
 
+The whole data stage against the tokenizer's own limit (issue 18; `--stage-mb 50`, on by default,
+`--stage-mb 0` skips it; the HF tokenizer): `lingjun-slurm submit --executor local` of a data-only
+spec (make nothing else) from its start to the merged .bin/.idx, at 1 and 2 workers, with 1 shard
+(the merge runs inside the preprocess task) and 2 shards (a merge job), and for reference raw
+`Tokenizer.encode_batch_fast` of the same tokenizer on the same corpus, the same texts in batches
+of 1024, at the thread count the stage uses in all (RAYON_NUM_THREADS = the CPUs: one worker
+gives the tokenizer every CPU, N workers CPUs/N each), in a fresh interpreter in the same run.
+Printed per row: the wall time and its parts from the local executor's record (submit until the
+first task starts, each task), the limit's time over the stage's ("x limit", goal >= 0.9) for the
+whole stage and for the preprocess task alone, and peak PSS of the whole process tree; and the
+1-worker stage at half and all of the corpus, to show memory flat in input size.
+
 --megatron-lm PATH runs PATH/tools/preprocess_data.py (with PYTHONPATH=PATH, and the interpreter
 --megatron-python, default this one) on the same corpus and tokenizer files with --append-eod and
 the same --workers, prints its MB/s and our speed ratio, and compares its
@@ -212,6 +224,103 @@ def run_megatron(path: Path, python: str, corpus: Path, tok: dict[str, Any], wor
     return timed(cmd, env)
 
 
+RAW = """
+import json, sys, time
+from tokenizers import Tokenizer
+t0 = time.perf_counter()
+tok = Tokenizer.from_file(sys.argv[2])
+lines = open(sys.argv[1], "rb").read().splitlines()
+texts = [json.loads(line)["text"] for line in lines]
+t1 = time.perf_counter()
+tokens = 0
+for i in range(0, len(texts), 1024):
+    tokens += sum(len(e.ids) for e in tok.encode_batch_fast(texts[i:i + 1024], add_special_tokens=True))
+t2 = time.perf_counter()
+print(json.dumps({"load_parse_s": t1 - t0, "encode_s": t2 - t1, "tokens": tokens}))
+"""
+
+
+def raw_limit(corpus: Path, tok_json: Path, threads: int, repeat: int) -> dict[str, float]:
+    """The tokenizer's own speed on the corpus: encode_batch_fast only (median of `repeat`)."""
+    import statistics
+
+    runs = []
+    for _ in range(repeat):
+        proc = subprocess.run([sys.executable, "-c", RAW, str(corpus), str(tok_json)], capture_output=True, text=True,
+                              env=dict(os.environ, RAYON_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="true"))
+        if proc.returncode != 0:
+            raise SystemExit(f"raw encode failed: {proc.stderr[-2000:]}")
+        runs.append(json.loads(proc.stdout))
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+
+def stage_spec(work: Path, corpus: Path, tok: dict[str, Any], workers: int, shards: int) -> Path:
+    import yaml
+
+    doc = {"version": 1, "run": {"name": f"data-w{workers}-s{shards}", "workdir": str(work)},
+           "cluster": {"network": {"profile": "tcp"}}, "container": {"runtime": "none"},
+           "data": {"inputs": [str(corpus)], "tokenizer": tok, "shards": shards, "workers": workers},
+           "model": {"num_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "seq_length": 32},
+           "stages": {"train": {"skip": True}, "checkpoint": {"skip": True}}}
+    path = work.with_suffix(".yaml")
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def run_stage(corpus: Path, tok: dict[str, Any], workers: int, shards: int, work: Path) -> dict[str, Any]:
+    """`submit --executor local` of the data-only spec: wall, parts, peak PSS of the tree."""
+    work.mkdir(parents=True)
+    spec = stage_spec(work, corpus, tok, workers, shards)
+    env = dict(os.environ, PYTHONPATH=str(REPO), LINGJUN_STATE_DIR=str(work / "state"),
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    start = time.time()
+    seconds, pss, _ = timed([sys.executable, "-m", "lingjun_slurm.cli", "submit", str(spec), "--executor", "local"],
+                            env)
+    state = json.loads(next((work / "runs").glob("*/local-state.json")).read_text())
+    parts: dict[str, float] = {}
+    first = min(t["start"] for t in state["tasks"] if t.get("start"))
+    parts["until the first task"] = round(first - start, 2)
+    for t in state["tasks"]:
+        if t.get("start") and t.get("end"):
+            name = t["stage"] + (f"[{t['task']}]" if t.get("task") is not None else "")
+            parts[name] = round(t["end"] - t["start"], 2)
+    pre = [t for t in state["tasks"] if t["stage"] == "preprocess" and t.get("start") and t.get("end")]
+    span = max(t["end"] for t in pre) - min(t["start"] for t in pre)  # the array's tasks run side by side
+    return {"seconds": seconds, "parts": parts, "preprocess_s": span, "peak_pss_mb": round(pss / 1e6)}
+
+
+def stage_report(corpus_mb: int, repeat: int) -> list[str]:
+    corpus = build_corpus(corpus_mb)
+    tok = build_tokenizer("hf", corpus)
+    tok_json = Path(tok["path"]) / "tokenizer.json"
+    cpus = os.cpu_count() or 1
+    limit = raw_limit(corpus, tok_json, cpus, repeat)
+    one = raw_limit(corpus, tok_json, 1, 1)
+    mb = corpus.stat().st_size / 1e6
+    lines = [f"whole data stage on {corpus.name} ({mb:.1f} MB), HF byte-level BPE, {cpus} CPUs, median of {repeat}",
+             f"limit: encode_batch_fast at {cpus} thread(s): {limit['encode_s']:.2f} s ({mb / limit['encode_s']:.1f} MB/s; "
+             f"1 thread {one['encode_s']:.2f} s); reading + json.loads before it: {limit['load_parse_s']:.2f} s",
+             "| workers | shards | wall s | x limit (stage) | preprocess s (first start to last end) | x limit (preprocess) | parts | peak PSS MB |",
+             "|---|---|---|---|---|---|---|---|"]
+    import statistics
+
+    root = Path(tempfile.mkdtemp(prefix="lingjun-bench-stage-"))
+    for workers in (1, 2):
+        for shards in (1, 2):
+            runs = [run_stage(corpus, tok, workers, shards, root / f"w{workers}s{shards}r{i}") for i in range(repeat)]
+            wall = statistics.median(r["seconds"] for r in runs)
+            best = min(runs, key=lambda r: abs(r["seconds"] - wall))
+            pre = statistics.median(r["preprocess_s"] for r in runs)
+            lines.append(f"| {workers} | {shards} | {wall:.2f} | {limit['encode_s'] / wall:.2f} | {pre:.2f} | "
+                         f"{limit['encode_s'] / pre:.2f} | "
+                         f"{', '.join(f'{k} {v}' for k, v in best['parts'].items())} | {best['peak_pss_mb']} |")
+    half = build_corpus(max(1, corpus_mb // 2))
+    small = run_stage(half, tok, 1, 1, root / "half")
+    lines.append(f"memory: 1 worker, 1 shard: peak PSS {small['peak_pss_mb']} MB at {half.stat().st_size / 1e6:.1f} MB "
+                 f"of input, see the table for {mb:.1f} MB")
+    return lines
+
+
 def same_bytes(a: Path, b: Path) -> bool:
     return all(Path(f"{a}{ext}").read_bytes() == Path(f"{b}{ext}").read_bytes() for ext in (".bin", ".idx"))
 
@@ -224,7 +333,12 @@ def main() -> int:
     ap.add_argument("--megatron-lm", type=Path, help="a Megatron-LM checkout to compare with")
     ap.add_argument("--megatron-python", default=sys.executable, help="interpreter for Megatron-LM")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
+    ap.add_argument("--stage-mb", type=int, default=50, help="the whole data stage vs the tokenizer's limit on a "
+                                                             "corpus this large (0: skip; default 50)")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per whole-stage row (median)")
     args = ap.parse_args()
+    if args.stage_mb:
+        print("\n".join(stage_report(args.stage_mb, args.repeat)), flush=True)
 
     corpus = build_corpus(args.mb)
     tok = build_tokenizer(args.tokenizer, corpus)
