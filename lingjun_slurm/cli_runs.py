@@ -559,6 +559,8 @@ def _stop_steps_first(t, m, names: list[str], running: list[str]) -> dict:
             wait = max(wait, float(plan["settings"]["training"]["save_grace_s"]) + 10)
         except (OSError, ValueError, KeyError, TypeError):
             pass
+    if running:  # a job squeue shows RUNNING may not have run its prelude (which makes jobs/) yet
+        t.mkdir(f"{m.run_dir}/jobs", exist_ok=True)
     for job in running:
         t.write_atomic(f"{m.run_dir}/jobs/cancel-{job}", f"lingjun-slurm cancel at {time.time():.0f}\n")
     SlurmCLI(t).cancel(running, signal="TERM", state="RUNNING")

@@ -55,7 +55,7 @@ def test_four_nodes_table_chart_and_verdict(tmp_path: Path, env: dict[str, str])
     text = proc.stdout
     assert "nccl-tests on 4 nodes x 1 task (no GPUs), profile tcp" in text and "(COMPLETED)" in text
     assert "size  all_reduce algbw  all_reduce busbw  all_gather algbw  all_gather busbw" in text
-    assert "  8 GiB            180.71            338.82                 -                 -" in text
+    assert "  8 GiB            225.88            338.82                 -                 -" in text  # 4 ranks: x 1.5
     assert "all_reduce: PASS: busbw 338.09 GB/s at 8 GiB >= 330 GB/s (--expect on the command line)" in text
     assert "all_gather: no verdict: no published reference for all_gather_perf (profile tcp)" in text
     assert png(out / "busbw.png") and f"chart: {out / 'busbw.png'}" in text
@@ -106,7 +106,7 @@ def test_no_wait_then_report(tmp_path: Path, env: dict[str, str]) -> None:
         assert time.monotonic() < deadline, "the job did not end"
         time.sleep(0.3)
     report = cli("nccl-test", "--report", str(out), "--profile", "tcp", env=env)
-    assert "  1 GiB            130.28            122.14" in report.stdout and png(out / "busbw.png")
+    assert "  1 GiB            244.28            122.14" in report.stdout and png(out / "busbw.png")  # 2 ranks: busbw = algbw / 2
 
 
 def test_bisect_finds_the_slow_node(tmp_path: Path, env: dict[str, str]) -> None:
