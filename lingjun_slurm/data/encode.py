@@ -12,6 +12,7 @@ import json
 import os
 from collections import deque
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any, Iterable, Iterator
 
 import numpy as np
@@ -93,29 +94,33 @@ def encode_lines(lines: list[bytes], settings: EncodeSettings, tok: Tokenizer) -
         ids = tok.encode_batch(texts)
     except TextError as exc:
         return _fail(text_line[exc.index], exc.message)
-    eod = tok.eod
+    eod = tok.eod if settings.append_eod else None
     out: dict[str, KeyDocs] = {}
     total = 0
     for k, key in enumerate(settings.keys):
-        flat: list[int] = []
-        doc_tokens, lengths, doc_sents = [], [], []
+        sentences: list[list[int]] = []
+        lengths: list[int] = []
+        doc_tokens, doc_sents = [], []
         for per_key in layout:
             first, count = per_key[k]
             n_tokens = n_sents = 0
             for sentence in ids[first:first + count]:
                 if sentence:
-                    flat.extend(sentence)
+                    sentences.append(sentence)
                     lengths.append(len(sentence))
                     n_tokens += len(sentence)
                     n_sents += 1
-            if n_tokens and settings.append_eod:
-                flat.append(eod)  # type: ignore[arg-type]
+            if n_tokens and eod is not None:
+                sentences.append([eod])  # the EOD id ends the last sentence (its length, +1)
                 lengths[-1] += 1
                 n_tokens += 1
             doc_tokens.append(n_tokens)
             doc_sents.append(n_sents)
-        total += len(flat)
-        out[key] = KeyDocs(np.array(flat, dtype=tok.dtype_name), np.array(doc_tokens, dtype=np.int64),
+        n = sum(doc_tokens)
+        total += n
+        # one pass over the ids, no intermediate flat list (numpy.fromiter with a known count)
+        flat = np.fromiter(chain.from_iterable(sentences), dtype=tok.dtype_name, count=n)
+        out[key] = KeyDocs(flat, np.array(doc_tokens, dtype=np.int64),
                            np.array(lengths, dtype=np.int32), np.array(doc_sents, dtype=np.int64))
     return ChunkResult(out, len(layout), text_bytes, total)
 
@@ -143,13 +148,54 @@ def _cpus() -> int:
         return os.cpu_count() or 1
 
 
+# Chunks encoded side by side in one process, on threads, when the tokenizer's batch call runs
+# outside the GIL (Tokenizer.parallel_batches). The tokenizers library (HF, the GPT-2 fast path)
+# releases it for the whole batch (huggingface/tokenizers bindings/python/src/tokenizer.rs,
+# encode_batch_fast: `py.detach`) and runs every call on Rayon's one global pool, so a second and
+# third batch keep every Rayon thread busy through one batch's tail (it ends on its longest
+# documents, one thread working), and the GIL-held Python work of a chunk (json.loads, the ids
+# into numpy) overlaps the others' encoding. sentencepiece's batch encode releases it too.
+# Measured in docs/preprocessing.md ("Speed"): 1 MiB chunks, 4 in flight.
+IN_FLIGHT = 4
+
+
+def _serial(chunks: Iterable[Any], settings: EncodeSettings, tok: Tokenizer) -> Iterator[tuple[Any, ChunkResult]]:
+    for chunk in chunks:
+        yield chunk, encode_lines(chunk.lines, settings, tok)
+
+
+def _threaded(chunks: Iterable[Any], settings: EncodeSettings, tok: Tokenizer,
+              in_flight: int | None = None) -> Iterator[tuple[Any, ChunkResult]]:
+    """encode_lines of up to `in_flight` (default IN_FLIGHT) chunks at once on threads; results in
+    input order."""
+    in_flight = in_flight or IN_FLIGHT
+    from concurrent.futures import ThreadPoolExecutor
+
+    pending: deque = deque()
+    pool = ThreadPoolExecutor(in_flight, thread_name_prefix="lingjun-encode")
+    try:
+        for chunk in chunks:
+            pending.append((chunk, pool.submit(encode_lines, chunk.lines, settings, tok)))
+            chunk.lines = []  # the thread holds the only copy
+            if len(pending) >= in_flight:
+                done, future = pending.popleft()
+                yield done, future.result()
+        while pending:
+            done, future = pending.popleft()
+            yield done, future.result()
+    finally:
+        # On an error or Ctrl-C: queued chunks are dropped; the batches already inside the
+        # tokenizer (native code, not interruptible) finish on their threads and are discarded.
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
 def encode_stream(chunks: Iterable[Any], settings: EncodeSettings, tok: Tokenizer,
                   workers: int) -> Iterator[tuple[Any, ChunkResult]]:
-    """(chunk, result) in input order. workers == 1 encodes here; more start that many spawned
-    processes, with at most 2 chunks per worker in flight so memory stays bounded."""
+    """(chunk, result) in input order. workers == 1 encodes in this process (IN_FLIGHT chunks at
+    once on threads where the tokenizer releases the GIL, else one after another); more start that
+    many spawned processes, with at most 2 chunks per worker in flight so memory stays bounded."""
     if workers <= 1:
-        for chunk in chunks:
-            yield chunk, encode_lines(chunk.lines, settings, tok)
+        yield from (_threaded if tok.parallel_batches else _serial)(chunks, settings, tok)
         return
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor

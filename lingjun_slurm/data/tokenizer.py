@@ -94,6 +94,18 @@ class Tokenizer:
     def dtype_name(self) -> str:
         return optimal_dtype_name(self.vocab_size)
 
+    @property
+    def parallel_batches(self) -> bool:
+        """Whether encode_batch runs in native code outside the GIL, so that batches on threads side
+        by side overlap (data/encode.py): `tokenizers` (huggingface/tokenizers
+        bindings/python/src/tokenizer.rs, encode_batch_fast under `py.detach`) and sentencepiece
+        (its batch encode releases the GIL: two threads encode two batches in 0.55 of the time of
+        one after another, docs/preprocessing.md "Speed"). The null tokenizer and the GPT-2 slow
+        path are Python."""
+        if self.spec.type in ("huggingface", "sentencepiece"):
+            return True
+        return isinstance(self.backend, gpt2_bpe.FastBPE)
+
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         kind = self.spec.type
         try:

@@ -1,0 +1,146 @@
+"""The in-process encode pipeline (lingjun_slurm/data/encode.py, _threaded): chunks are encoded side by
+side where the tokenizer releases the GIL, results come back in input order whatever order the
+batches finish in, an error names its own line, and the bytes equal the one-after-another path's.
+No timing: concurrency is shown with a barrier that only opens when two batches are inside the
+tokenizer at once."""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lingjun_slurm.data import DataError, encode
+from lingjun_slurm.data.encode import EncodeSettings, encode_stream
+from lingjun_slurm.data.inputs import read_chunks
+from lingjun_slurm.data.tokenizer import Tokenizer, TokenizerSpec, build
+
+from .helpers import TOKENIZERS
+
+
+@dataclass
+class _Chunk:
+    lines: list[bytes]
+
+
+def _lines(*texts: str) -> list[bytes]:
+    return [json.dumps({"text": t}).encode() + b"\n" for t in texts]
+
+
+class _Gate(Tokenizer):
+    """A stand-in native tokenizer: ids are the text's integers; calls can be held at a gate."""
+
+    def __init__(self, on_call) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(TokenizerSpec(type="null", vocab_size=100), 101, 100, describe="gate")
+        self.on_call = on_call
+
+    @property
+    def parallel_batches(self) -> bool:
+        return True
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        self.on_call(texts)
+        return [[int(x) for x in t.split()] for t in texts]
+
+
+SETTINGS = EncodeSettings(("text",), True, TokenizerSpec(type="null", vocab_size=100))
+
+
+def test_two_batches_are_inside_the_tokenizer_at_once() -> None:
+    barrier = threading.Barrier(2, timeout=20)  # a serial pipeline never gets the second call in: broken
+
+    def on_call(texts: list[str]) -> None:
+        if texts[0] in ("1", "2"):
+            barrier.wait()
+
+    tok = _Gate(on_call)
+    chunks = [_Chunk(_lines("1")), _Chunk(_lines("2")), _Chunk(_lines("3"))]
+    out = [r.docs["text"].tokens.tolist() for _, r in encode_stream(chunks, SETTINGS, tok, workers=1)]
+    assert out == [[1, 100], [2, 100], [3, 100]]
+
+
+def test_results_in_input_order_when_a_later_batch_finishes_first() -> None:
+    second_done = threading.Event()
+    order: list[str] = []
+
+    def on_call(texts: list[str]) -> None:
+        if texts[0] == "1":
+            assert second_done.wait(20), "the second batch never ran while the first was held"
+        order.append(texts[0])
+        if texts[0] == "2":
+            second_done.set()
+
+    tok = _Gate(on_call)
+    chunks = [_Chunk(_lines(str(i))) for i in range(1, 8)]
+    results = list(encode_stream(chunks, SETTINGS, tok, workers=1))
+    assert order[:2] == ["2", "1"]  # finished out of order ...
+    assert [r.docs["text"].tokens.tolist()[0] for _, r in results] == list(range(1, 8))  # ... yielded in order
+    assert [c for c, _ in results] == chunks
+
+
+def test_a_python_tokenizer_stays_on_one_thread() -> None:
+    names: set[str] = set()
+    tok = build(TokenizerSpec(type="null", vocab_size=100), need_eod=True)
+    assert not tok.parallel_batches
+    real = tok.encode_batch
+
+    def spy(texts: list[str]) -> list[list[int]]:
+        names.add(threading.current_thread().name)
+        return real(texts)
+
+    tok.encode_batch = spy  # type: ignore[method-assign]
+    list(encode_stream([_Chunk(_lines("1 2")), _Chunk(_lines("3"))], SETTINGS, tok, workers=1))
+    assert names == {threading.current_thread().name}
+
+
+@pytest.mark.parametrize("name", ["hf", "sp", "gpt2"])
+def test_native_tokenizers_pipeline_and_match_the_serial_path(name: str, tmp_path: Path) -> None:
+    spec = TokenizerSpec.from_settings(TOKENIZERS[name])
+    tok = build(spec, need_eod=True)
+    assert tok.parallel_batches
+    texts = [f"document {i}: " + "naïve façade, 数据 🚀 " * (i % 7) + "end" for i in range(300)]
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"".join(_lines(*texts)))
+    settings = EncodeSettings(("text",), True, spec)
+
+    from lingjun_slurm.data.inputs import assign, resolve_inputs
+
+    pieces = assign(resolve_inputs([str(path)]), 1)[0]
+
+    def collect(stream) -> tuple[np.ndarray, np.ndarray]:  # type: ignore[no-untyped-def]
+        results = [r for _, r in stream]
+        assert all(r.error is None for r in results)
+        return (np.concatenate([r.docs["text"].tokens for r in results]),
+                np.concatenate([r.docs["text"].sentence_lengths for r in results]))
+
+    threaded = collect(encode._threaded(read_chunks(pieces, 7, 1 << 20), settings, tok))
+    serial = collect(encode._serial(read_chunks(pieces, 7, 1 << 20), settings, tok))
+    assert len(threaded[1]) == 300
+    assert np.array_equal(threaded[0], serial[0]) and np.array_equal(threaded[1], serial[1])
+
+
+def test_an_error_in_a_later_chunk_names_its_line(tmp_path: Path) -> None:
+    from lingjun_slurm.data.shard import DataSettings, run_shard
+
+    path = tmp_path / "in.jsonl"
+    good = _lines(*[f"text {i}" for i in range(40)])
+    path.write_bytes(b"".join(good[:33]) + b'{"text": 5}\n' + b"".join(good[33:]))
+    ds = DataSettings(inputs=[str(path)], keys=("text",), append_eod=True,
+                      tokenizer=TokenizerSpec.from_settings(TOKENIZERS["hf"]), shards=1, workers=1,
+                      output_prefix=str(tmp_path / "out"), shard_dir=str(tmp_path / "shards"))
+    import io
+
+    import lingjun_slurm.data.shard as shard
+
+    old = shard.CHUNK_LINES
+    shard.CHUNK_LINES = 4  # ten chunks, three in flight when line 34's chunk fails
+    try:
+        with pytest.raises(DataError, match=rf"{path}:34: key 'text' is int"):
+            run_shard(ds, 0, log=io.StringIO())
+    finally:
+        shard.CHUNK_LINES = old
+    assert not list((tmp_path / "shards").glob("*.bin*"))  # partial outputs removed
