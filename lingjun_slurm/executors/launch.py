@@ -21,6 +21,8 @@ import time
 from types import FrameType
 from typing import Optional
 
+from .childwait import wait_any
+
 
 def _status(rc: int) -> int:
     return 128 - rc if rc < 0 else rc
@@ -63,7 +65,7 @@ def launch(ntasks: int, argv: list[str], kill_on_bad_exit: bool = False, grace_s
                 signal_all(signal.SIGTERM)
             elif time.monotonic() - killed_at > grace_s:
                 signal_all(signal.SIGKILL)
-        time.sleep(0.05)
+        wait_any([p.pid for p in running], 0.05)  # returns at a task's exit
 
 
 def main(argv: Optional[list[str]] = None) -> int:

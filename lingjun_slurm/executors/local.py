@@ -39,6 +39,7 @@ from ..diskspace import NO_SPACE, full_filesystem, mount_point, no_space_in_log,
 from ..runs.logs import array_indices, resolve_pattern, sbatch_option
 from ..runs.manifest import Manifest, StageRecord, load_manifest
 from ..transport.local import LocalTransport
+from .childwait import wait_any
 
 STATE_FILE = "local-state.json"
 # Room kept on the run directory's filesystem for the runner's last record when the disk fills up.
@@ -374,7 +375,7 @@ class LocalRunner:
                         break
                 if not self.procs and all(t.state != "PENDING" for t in self.state.tasks):
                     break
-                time.sleep(0.05)
+                wait_any([p.pid for p in self.procs.values()], 0.05)  # returns at a job's exit
             if self.cancelled:
                 self._cancel_all()
         except BaseException:

@@ -35,6 +35,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Optional
 
+from .childwait import wait_any
+
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 POLL_S = 0.2
 RUNNER_GONE_EXIT = 125  # the runner was already gone when the supervisor started: nothing ran
@@ -113,7 +115,7 @@ def supervise(parent: int, argv: list[str], grace_s: float) -> int:
             rc = child.poll()
             if rc is not None:
                 return 128 - rc if rc < 0 else rc
-            time.sleep(POLL_S)
+            wait_any([child.pid], POLL_S)  # wakes at the child's exit, else polls getppid()
     except RunnerGone:
         state["stopping"] = True
         try:
