@@ -8,10 +8,13 @@ Corpus: real text from this interpreter's site-packages (.py, .md, .rst, .txt fi
 order), one jsonl line {"text": <file contents>} per file, until --mb megabytes; cached under
 /tmp/lingjun-bench-preprocess/. Tokenizer (default gpt2): a byte-level BPE (vocab 8192) trained
 locally on the first 4 MB of the corpus, saved as GPT-2 vocab.json/merges.txt (hf: the same model
-as tokenizer.json; sp: a sentencepiece BPE; null: not meaningful for text). No downloads.
+as tokenizer.json; gpt2-slow: the gpt2 files with one repeated id, which sends them down the
+Python path; sp: a sentencepiece BPE; null: not meaningful for text). No downloads.
 
 Every configuration runs in a fresh interpreter (`preprocess.main(plan, 0)`, one shard); the
-memory column is the peak PSS of that process tree (stage + its workers), sampled every 20 ms.
+memory column is the peak PSS of that process tree (stage + its workers), sampled every 20 ms in
+a second run of the same configuration: the sampler costs CPU (0.5-1.4 s of a 10 s run on 2
+CPUs), so the timed run does not sample.
 
 Reference, same run: reading the corpus line by line and json.loads of every line, one process
 (the floor any jsonl preprocessor pays). Ratios: our MB/s over the reference MB/s, and over our
@@ -24,6 +27,8 @@ spec (make nothing else) from its start to the merged .bin/.idx, at 1 and 2 work
 `Tokenizer.encode_batch_fast` of the same tokenizer on the same corpus, the same texts in batches
 of 1024, at the thread count the stage uses in all (RAYON_NUM_THREADS = the CPUs: one worker
 gives the tokenizer every CPU, N workers CPUs/N each), in a fresh interpreter in the same run.
+The limit and the configurations are run round by round (--repeat rounds, medians), so that a
+shared machine's slow spells fall on all of them alike; memory comes from separate sampled runs.
 Printed per row: the wall time and its parts from the local executor's record (submit until the
 first task starts, each task), the limit's time over the stage's ("x limit", goal >= 0.9) for the
 whole stage and for the preprocess task alone, and peak PSS of the whole process tree; and the
@@ -103,7 +108,7 @@ def _sample_texts(corpus: Path, limit: int = 4_000_000) -> list[str]:
 
 
 def build_tokenizer(kind: str, corpus: Path) -> dict[str, Any]:
-    folder = CACHE / f"tok-{kind}"
+    folder = CACHE / f"tok-{'gpt2' if kind == 'gpt2-slow' else kind}"
     if kind == "null":
         return {"type": "null", "vocab_size": 50000}
     if kind == "sp":
@@ -130,6 +135,15 @@ def build_tokenizer(kind: str, corpus: Path) -> dict[str, Any]:
         (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
     if kind == "hf":
         return {"type": "huggingface", "path": str(folder)}
+    if kind == "gpt2-slow":
+        # The same vocab plus one token that repeats id 0: gpt2_bpe.fast_path_problem then sends it
+        # down the Python path (SlowBPE), which holds the GIL: where workers (processes) pay.
+        slow = CACHE / "tok-gpt2-slow"
+        slow.mkdir(parents=True, exist_ok=True)
+        table = json.loads(vocab.read_text(encoding="utf-8"))
+        table["<|lingjun-bench-repeated-id|>"] = 0
+        (slow / "vocab.json").write_text(json.dumps(table), encoding="utf-8")
+        return {"type": "gpt2-bpe", "vocab_file": str(slow / "vocab.json"), "merge_file": str(merges)}
     return {"type": "gpt2-bpe", "vocab_file": str(vocab), "merge_file": str(merges)}
 
 
@@ -160,24 +174,30 @@ def _tree_pss(pid: int) -> int:
     return total
 
 
-def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, int, str]:
-    """Wall seconds, peak PSS of the process tree, stderr tail."""
+def timed(cmd: list[str], env: dict[str, str], sample: bool = True) -> tuple[float, int, str]:
+    """Wall seconds, peak PSS of the process tree (0 unless `sample`), stderr tail.
+
+    The sampler reads /proc/PID/smaps of every process in the tree every 20 ms (psutil
+    memory_full_info), which costs CPU: 0.5-1.4 s of a 10 s run on 2 CPUs, more with more
+    processes. So the timed runs do not sample, and memory is taken in runs of its own."""
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak = [0]
     stop = threading.Event()
 
-    def sample() -> None:
+    def sampler_loop() -> None:
         while not stop.is_set():
             peak[0] = max(peak[0], _tree_pss(proc.pid))
             time.sleep(0.02)
 
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
+    sampler = threading.Thread(target=sampler_loop, daemon=True)
+    if sample:
+        sampler.start()
     out, err = proc.communicate()
     seconds = time.perf_counter() - start
     stop.set()
-    sampler.join()
+    if sample:
+        sampler.join()
     if proc.returncode != 0:
         raise SystemExit(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{err[-3000:]}")
     return seconds, peak[0], (out + err)[-2000:]
@@ -190,7 +210,14 @@ sys.exit(preprocess.main(json.load(open(sys.argv[1])), 0))
 """
 
 
-def run_ours(corpus: Path, tok: dict[str, Any], workers: int, out: Path) -> tuple[float, int, str]:
+def timed_and_sampled(run: Any, out: Path) -> tuple[float, int, str]:
+    """`run(out, sample)` twice: timed without the memory sampler, then sampled (into out.mem)."""
+    seconds, _, log = run(out, False)
+    _, pss, _ = run(out.with_name(out.name + ".mem"), True)
+    return seconds, pss, log
+
+
+def run_ours(corpus: Path, tok: dict[str, Any], workers: int, out: Path, sample: bool = False) -> tuple[float, int, str]:
     data = {"tool": "builtin", "inputs": [str(corpus)], "json_keys": ["text"], "train_key": None, "tokenizer": tok,
             "append_eod": True, "shards": 1, "workers": workers, "output_prefix": str(out / "corpus"),
             "prefix": None, "split": "969,30,1", "shard_dir": str(out / "shards")}
@@ -198,11 +225,11 @@ def run_ours(corpus: Path, tok: dict[str, Any], workers: int, out: Path) -> tupl
     out.mkdir(parents=True, exist_ok=True)
     plan.write_text(json.dumps({"settings": {"data": data}}))
     env = dict(os.environ, PYTHONPATH=str(REPO), LINGJUN_PROGRESS_INTERVAL_S="3600")
-    return timed([sys.executable, "-c", OURS, str(plan)], env)
+    return timed([sys.executable, "-c", OURS, str(plan)], env, sample)
 
 
 def run_megatron(path: Path, python: str, corpus: Path, tok: dict[str, Any], workers: int,
-                 out: Path) -> tuple[float, int, str]:
+                 out: Path, sample: bool = False) -> tuple[float, int, str]:
     script = path / "tools" / "preprocess_data.py"
     env = dict(os.environ, PYTHONPATH=str(path))
     help_text = subprocess.run([python, str(script), "--help"], env=env, capture_output=True, text=True).stdout
@@ -221,7 +248,7 @@ def run_megatron(path: Path, python: str, corpus: Path, tok: dict[str, Any], wor
         if tok["type"] == "huggingface" and "--tokenizer-hf-include-special-tokens" in help_text:
             cmd.append("--tokenizer-hf-include-special-tokens")  # our default add_special_tokens: true
     out.mkdir(parents=True, exist_ok=True)
-    return timed(cmd, env)
+    return timed(cmd, env, sample)
 
 
 RAW = """
@@ -240,10 +267,8 @@ print(json.dumps({"load_parse_s": t1 - t0, "encode_s": t2 - t1, "tokens": tokens
 """
 
 
-def raw_limit(corpus: Path, tok_json: Path, threads: int, repeat: int) -> dict[str, float]:
-    """The tokenizer's own speed on the corpus: encode_batch_fast only (median of `repeat`)."""
-    import statistics
-
+def raw_runs(corpus: Path, tok_json: Path, threads: int, repeat: int) -> list[dict[str, float]]:
+    """The tokenizer's own speed on the corpus: encode_batch_fast only, `repeat` fresh interpreters."""
     runs = []
     for _ in range(repeat):
         proc = subprocess.run([sys.executable, "-c", RAW, str(corpus), str(tok_json)], capture_output=True, text=True,
@@ -251,6 +276,14 @@ def raw_limit(corpus: Path, tok_json: Path, threads: int, repeat: int) -> dict[s
         if proc.returncode != 0:
             raise SystemExit(f"raw encode failed: {proc.stderr[-2000:]}")
         runs.append(json.loads(proc.stdout))
+    return runs
+
+
+def raw_limit(corpus: Path, tok_json: Path, threads: int, repeat: int) -> dict[str, float]:
+    """The median of raw_runs."""
+    import statistics
+
+    runs = raw_runs(corpus, tok_json, threads, repeat)
     return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
 
@@ -267,15 +300,17 @@ def stage_spec(work: Path, corpus: Path, tok: dict[str, Any], workers: int, shar
     return path
 
 
-def run_stage(corpus: Path, tok: dict[str, Any], workers: int, shards: int, work: Path) -> dict[str, Any]:
-    """`submit --executor local` of the data-only spec: wall, parts, peak PSS of the tree."""
+def run_stage(corpus: Path, tok: dict[str, Any], workers: int, shards: int, work: Path,
+              sample: bool = False) -> dict[str, Any]:
+    """`submit --executor local` of the data-only spec: wall, parts, and (with `sample`, in a run
+    that is not timed) peak PSS of the tree."""
     work.mkdir(parents=True)
     spec = stage_spec(work, corpus, tok, workers, shards)
     env = dict(os.environ, PYTHONPATH=str(REPO), LINGJUN_STATE_DIR=str(work / "state"),
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     start = time.time()
     seconds, pss, _ = timed([sys.executable, "-m", "lingjun_slurm.cli", "submit", str(spec), "--executor", "local"],
-                            env)
+                            env, sample=sample)
     state = json.loads(next((work / "runs").glob("*/local-state.json")).read_text())
     parts: dict[str, float] = {}
     first = min(t["start"] for t in state["tasks"] if t.get("start"))
@@ -289,33 +324,45 @@ def run_stage(corpus: Path, tok: dict[str, Any], workers: int, shards: int, work
     return {"seconds": seconds, "parts": parts, "preprocess_s": span, "peak_pss_mb": round(pss / 1e6)}
 
 
+CONFIGS = [(1, 1), (1, 2), (2, 1), (2, 2)]  # (workers, shards)
+
+
 def stage_report(corpus_mb: int, repeat: int) -> list[str]:
+    """The limit and every configuration, interleaved round by round (a shared machine's noise
+    falls on all of them alike); medians of `repeat` rounds; memory in separate sampled runs."""
+    import statistics
+
     corpus = build_corpus(corpus_mb)
     tok = build_tokenizer("hf", corpus)
     tok_json = Path(tok["path"]) / "tokenizer.json"
     cpus = os.cpu_count() or 1
-    limit = raw_limit(corpus, tok_json, cpus, repeat)
+    root = Path(tempfile.mkdtemp(prefix="lingjun-bench-stage-"))
+    limits: list[dict[str, float]] = []
+    runs: dict[tuple[int, int], list[dict[str, Any]]] = {c: [] for c in CONFIGS}
+    for i in range(repeat):
+        limits.extend(raw_runs(corpus, tok_json, cpus, 1))
+        for workers, shards in CONFIGS:
+            runs[(workers, shards)].append(run_stage(corpus, tok, workers, shards, root / f"w{workers}s{shards}r{i}"))
+    limit = {k: statistics.median(r[k] for r in limits) for k in limits[0]}
     one = raw_limit(corpus, tok_json, 1, 1)
     mb = corpus.stat().st_size / 1e6
     lines = [f"whole data stage on {corpus.name} ({mb:.1f} MB), HF byte-level BPE, {cpus} CPUs, median of {repeat}",
              f"limit: encode_batch_fast at {cpus} thread(s): {limit['encode_s']:.2f} s ({mb / limit['encode_s']:.1f} MB/s; "
-             f"1 thread {one['encode_s']:.2f} s); reading + json.loads before it: {limit['load_parse_s']:.2f} s",
+             f"runs {', '.join(format(r['encode_s'], '.2f') for r in limits)}; 1 thread {one['encode_s']:.2f} s); "
+             f"reading + json.loads before it: {limit['load_parse_s']:.2f} s",
              "| workers | shards | wall s | x limit (stage) | preprocess s (first start to last end) | x limit (preprocess) | parts | peak PSS MB |",
              "|---|---|---|---|---|---|---|---|"]
-    import statistics
-
-    root = Path(tempfile.mkdtemp(prefix="lingjun-bench-stage-"))
-    for workers in (1, 2):
-        for shards in (1, 2):
-            runs = [run_stage(corpus, tok, workers, shards, root / f"w{workers}s{shards}r{i}") for i in range(repeat)]
-            wall = statistics.median(r["seconds"] for r in runs)
-            best = min(runs, key=lambda r: abs(r["seconds"] - wall))
-            pre = statistics.median(r["preprocess_s"] for r in runs)
-            lines.append(f"| {workers} | {shards} | {wall:.2f} | {limit['encode_s'] / wall:.2f} | {pre:.2f} | "
-                         f"{limit['encode_s'] / pre:.2f} | "
-                         f"{', '.join(f'{k} {v}' for k, v in best['parts'].items())} | {best['peak_pss_mb']} |")
+    for workers, shards in CONFIGS:
+        rows = runs[(workers, shards)]
+        wall = statistics.median(r["seconds"] for r in rows)
+        best = min(rows, key=lambda r: abs(r["seconds"] - wall))
+        pre = statistics.median(r["preprocess_s"] for r in rows)
+        memory = run_stage(corpus, tok, workers, shards, root / f"w{workers}s{shards}mem", sample=True)
+        lines.append(f"| {workers} | {shards} | {wall:.2f} | {limit['encode_s'] / wall:.2f} | {pre:.2f} | "
+                     f"{limit['encode_s'] / pre:.2f} | "
+                     f"{', '.join(f'{k} {v}' for k, v in best['parts'].items())} | {memory['peak_pss_mb']} |")
     half = build_corpus(max(1, corpus_mb // 2))
-    small = run_stage(half, tok, 1, 1, root / "half")
+    small = run_stage(half, tok, 1, 1, root / "half", sample=True)
     lines.append(f"memory: 1 worker, 1 shard: peak PSS {small['peak_pss_mb']} MB at {half.stat().st_size / 1e6:.1f} MB "
                  f"of input, see the table for {mb:.1f} MB")
     return lines
@@ -328,7 +375,7 @@ def same_bytes(a: Path, b: Path) -> bool:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mb", type=int, default=55, help="corpus size in MB (default 55)")
-    ap.add_argument("--tokenizer", choices=["gpt2", "hf", "sp", "null"], default="gpt2")
+    ap.add_argument("--tokenizer", choices=["gpt2", "gpt2-slow", "hf", "sp", "null"], default="gpt2")
     ap.add_argument("--workers", default="1,2", help="comma-separated worker counts (default 1,2)")
     ap.add_argument("--megatron-lm", type=Path, help="a Megatron-LM checkout to compare with")
     ap.add_argument("--megatron-python", default=sys.executable, help="interpreter for Megatron-LM")
@@ -348,7 +395,8 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="lingjun-bench-run-"))
     base_mb_s = None
     for workers in [int(w) for w in args.workers.split(",")]:
-        seconds, pss, log = run_ours(corpus, tok, workers, work / f"ours-{workers}")
+        seconds, pss, log = timed_and_sampled(lambda o, smp: run_ours(corpus, tok, workers, o, smp),
+                                              work / f"ours-{workers}")
         found = re.search(r"tokens in ([0-9.]+) s", log)
         row = {"what": f"lingjun builtin, {workers} worker(s)", "workers": workers, "seconds": round(seconds, 2),
                "stage_seconds": float(found.group(1)) if found else None,
@@ -357,8 +405,9 @@ def main() -> int:
         row["x_json_read"] = round(row["mb_s"] / ref_mb_s, 3)
         row["x_1st"] = round(row["mb_s"] / base_mb_s, 2)
         if args.megatron_lm:
-            mseconds, mpss, _ = run_megatron(args.megatron_lm, args.megatron_python, corpus, tok, workers,
-                                             work / f"mlm-{workers}")
+            mseconds, mpss, _ = timed_and_sampled(
+                lambda o, smp: run_megatron(args.megatron_lm, args.megatron_python, corpus, tok, workers, o, smp),
+                work / f"mlm-{workers}")
             row["megatron_mb_s"] = round(mb / mseconds, 2)
             row["megatron_peak_pss_mb"] = round(mpss / 1e6)
             row["x_megatron"] = round(mseconds / seconds, 2)
