@@ -141,11 +141,28 @@ def _work(lines: list[bytes]) -> ChunkResult:
     return encode_lines(lines, *_WORKER)
 
 
-def _cpus() -> int:
+def task_cpus() -> int:
     try:
         return len(os.sched_getaffinity(0))  # what Slurm's cgroup/affinity gives this task
     except AttributeError:
         return os.cpu_count() or 1
+
+
+# data.workers unset: one process per this many CPUs for a tokenizer that releases the GIL. One
+# process reaches raw encode_batch_fast speed on 2 CPUs (docs/preprocessing.md, "Speed"); what it
+# cannot spread is its GIL-held work, about 0.9 s per 16 s of tokenizer CPU, so by that count one
+# process serves about 16 CPUs (an estimate: no larger machine was available to measure).
+NATIVE_CPUS_PER_WORKER = 16
+
+
+def auto_workers(tok: Tokenizer, cpus: int | None = None) -> int:
+    """Worker processes when data.workers is not set: for `tokenizers` and sentencepiece, 1 per
+    NATIVE_CPUS_PER_WORKER CPUs of the task (rounded up); for the null tokenizer and the GPT-2
+    Python path, which hold the GIL, one per CPU."""
+    cpus = max(1, cpus if cpus is not None else task_cpus())
+    if tok.parallel_batches:
+        return -(-cpus // NATIVE_CPUS_PER_WORKER)
+    return cpus
 
 
 # Chunks encoded side by side in one process, on threads, when the tokenizer's batch call runs
@@ -201,7 +218,7 @@ def encode_stream(chunks: Iterable[Any], settings: EncodeSettings, tok: Tokenize
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
-    threads = max(1, _cpus() // workers)
+    threads = max(1, task_cpus() // workers)
     ctx = multiprocessing.get_context("spawn")
     pending: deque = deque()
     with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,

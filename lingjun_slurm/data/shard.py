@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from . import DataError
-from .encode import EncodeSettings, encode_stream
+from .encode import EncodeSettings, task_cpus, auto_workers, encode_stream
 from .inputs import Chunk, Piece, assign, line_number, read_chunks, resolve_inputs
 from .progress import Progress
 from .resume import dataset_prefix, fingerprint, is_done, marker_path, read_marker, write_marker
@@ -26,7 +26,7 @@ class DataSettings:
     append_eod: bool
     tokenizer: TokenizerSpec
     shards: int
-    workers: int
+    workers: int | None  # None: auto_workers (data.workers unset)
     output_prefix: str
     shard_dir: str
 
@@ -44,7 +44,7 @@ class DataSettings:
             raise DataError("settings.data.output_prefix is not set: re-render the run")
         return cls(inputs=list(data.get("inputs") or []), keys=keys, append_eod=bool(data.get("append_eod", True)),
                    tokenizer=TokenizerSpec.from_settings(data.get("tokenizer")),
-                   shards=int(data.get("shards") or 1), workers=max(1, int(data.get("workers") or 1)),
+                   shards=int(data.get("shards") or 1), workers=int(data["workers"]) if data.get("workers") else None,
                    output_prefix=output_prefix, shard_dir=data.get("shard_dir") or f"{output_prefix}.shards")
 
     @property
@@ -75,7 +75,9 @@ def run_shard(ds: DataSettings, shard: int, log: TextIO | None = None,
               "and flags); skipping", file=log, flush=True)
         return {"skipped": True}
     remove_quietly(marker_path(ds.shard_dir, shard))
-    print(f"{label}: {len(pieces)} input piece(s), tokenizer {tok.describe}, {ds.workers} worker(s)",
+    workers = ds.workers or auto_workers(tok)
+    how = "" if ds.workers else f" (data.workers unset: chosen for {task_cpus()} CPU(s) and this tokenizer)"
+    print(f"{label}: {len(pieces)} input piece(s), tokenizer {tok.describe}, {workers} worker(s){how}",
           file=log, flush=True)
     writers = {key: DatasetWriter(dataset_prefix(ds.shard_dir, shard, key), tok.vocab_size) for key in ds.keys}
     before = [0]
@@ -84,7 +86,7 @@ def run_shard(ds: DataSettings, shard: int, log: TextIO | None = None,
     progress = Progress(label, before[-1], progress_interval_s, log)
     try:
         chunks = read_chunks(pieces, CHUNK_LINES, CHUNK_BYTES)
-        for chunk, result in encode_stream(chunks, ds.encode, tok, ds.workers):
+        for chunk, result in encode_stream(chunks, ds.encode, tok, workers):
             if result.error is not None:
                 index, message = result.error
                 raise DataError(f"{_where(chunk, pieces, index)}: {message}")

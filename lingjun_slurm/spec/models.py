@@ -334,7 +334,13 @@ class DataSpec(SpecModel):
     tokenizer: Optional[Tokenizer] = Field(default=None, description="Tokenizer used by preprocessing and training.")
     append_eod: bool = Field(default=True, description="Append an end-of-document token to every document.")
     shards: int = Field(default=1, ge=1, le=10000, description="Preprocess array size (one task per shard).")
-    workers: int = Field(default=4, ge=1, le=1024, description="Tokenizer workers per shard.")
+    workers: Optional[int] = Field(
+        default=None, ge=1, le=1024,
+        description="Tokenizer worker processes per shard. Default (unset): builtin chooses in the task from its CPUs "
+                    "and the tokenizer (huggingface, gpt2-bpe fast path, sentencepiece: 1 per 16 CPUs; null and "
+                    "the GPT-2 Python path: 1 per CPU); megatron-lm gets the task's CPUs ($SLURM_CPUS_PER_TASK, "
+                    "else 1).",
+    )
     output_prefix: Optional[AbsPath] = Field(
         default=None, description="Output prefix; files are {prefix}_{key}_document.bin/.idx. Default: <workdir>/data/corpus."
     )

@@ -144,3 +144,43 @@ def test_an_error_in_a_later_chunk_names_its_line(tmp_path: Path) -> None:
     finally:
         shard.CHUNK_LINES = old
     assert not list((tmp_path / "shards").glob("*.bin*"))  # partial outputs removed
+
+
+def test_workers_unset_are_chosen_from_the_cpus_and_the_tokenizer(tmp_path: Path) -> None:
+    from lingjun_slurm.data.encode import NATIVE_CPUS_PER_WORKER, auto_workers
+
+    native = build(TokenizerSpec.from_settings(TOKENIZERS["hf"]), need_eod=True)
+    python = build(TokenizerSpec(type="null", vocab_size=100), need_eod=True)
+    assert [auto_workers(native, c) for c in (1, 2, NATIVE_CPUS_PER_WORKER, NATIVE_CPUS_PER_WORKER + 1, 64)] == \
+        [1, 1, 1, 2, 64 // NATIVE_CPUS_PER_WORKER]
+    assert [auto_workers(python, c) for c in (1, 2, 8)] == [1, 2, 8]
+
+    import io
+
+    from lingjun_slurm.data.shard import DataSettings, run_shard
+
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"".join(_lines("a b", "c")))
+    for workers, said in ((None, "1 worker(s) (data.workers unset: chosen for"), (3, "3 worker(s)\n")):
+        log = io.StringIO()
+        ds = DataSettings(inputs=[str(path)], keys=("text",), append_eod=True,
+                          tokenizer=TokenizerSpec.from_settings(TOKENIZERS["hf"]), shards=1, workers=workers,
+                          output_prefix=str(tmp_path / f"out{workers}"), shard_dir=str(tmp_path / f"shards{workers}"))
+        run_shard(ds, 0, log=log)
+        assert said in log.getvalue()
+
+
+def test_megatron_lm_tool_gets_the_task_cpus_when_workers_are_unset() -> None:
+    import copy
+
+    from lingjun_slurm.megatron.args import preprocess_args
+    from tools import megatron_variants as mv
+
+    raw = mv.base_spec("0.16.1")
+    for workers, expect in ((None, '"${SLURM_CPUS_PER_TASK:-1}"'), (6, "6")):
+        doc = copy.deepcopy(raw)
+        doc["data"].pop("workers", None)
+        if workers:
+            doc["data"]["workers"] = workers
+        argv = [str(w) for w in preprocess_args(mv._parse(doc), "/in.jsonl", "/out/corpus")]
+        assert argv[argv.index("--workers") + 1] == expect
