@@ -184,3 +184,20 @@ def test_megatron_lm_tool_gets_the_task_cpus_when_workers_are_unset() -> None:
             doc["data"]["workers"] = workers
         argv = [str(w) for w in preprocess_args(mv._parse(doc), "/in.jsonl", "/out/corpus")]
         assert argv[argv.index("--workers") + 1] == expect
+
+
+def test_a_slow_oldest_chunk_does_not_stop_the_others() -> None:
+    """Results leave in input order, but while the oldest chunk is still encoding (one long
+    document), later chunks keep the other threads busy: chunk 6 is encoded before chunk 1 ends."""
+    later_done = threading.Event()
+
+    def on_call(texts: list[str]) -> None:
+        if texts[0] == "1":
+            assert later_done.wait(20), "chunks past the in-flight count waited for the oldest"
+        if texts[0] == "6":
+            later_done.set()
+
+    tok = _Gate(on_call)
+    chunks = [_Chunk(_lines(str(i))) for i in range(1, 12)]
+    results = list(encode._threaded(chunks, SETTINGS, tok, in_flight=2, ahead=8))
+    assert [r.docs["text"].tokens.tolist()[0] for _, r in results] == list(range(1, 12))
