@@ -95,6 +95,7 @@ def encode_lines(lines: list[bytes], settings: EncodeSettings, tok: Tokenizer) -
     except TextError as exc:
         return _fail(text_line[exc.index], exc.message)
     eod = tok.eod if settings.append_eod else None
+    assert eod is not None or not settings.append_eod, "build(need_eod=True) refuses a tokenizer without EOD"
     out: dict[str, KeyDocs] = {}
     total = 0
     for k, key in enumerate(settings.keys):
@@ -133,19 +134,35 @@ _WORKER: tuple[EncodeSettings, Tokenizer] | None = None
 def _init_worker(settings: EncodeSettings, threads: int) -> None:
     global _WORKER
     os.environ["RAYON_NUM_THREADS"] = str(threads)  # tokenizers' thread pool, read on first use
-    _WORKER = (settings, build(settings.tokenizer, need_eod=settings.append_eod))
+    tok = build(settings.tokenizer, need_eod=settings.append_eod)
+    tok.threads = max(1, threads // IN_FLIGHT)  # sentencepiece's own threads per batch call
+    _WORKER = (settings, tok)
 
 
-def _work(lines: list[bytes]) -> ChunkResult:
+@dataclass
+class _Lines:
+    lines: list[bytes]
+
+
+def _work(group: list[list[bytes]]) -> list[ChunkResult]:
+    """One call of a worker process: a group of chunks, pipelined inside the worker as in one
+    process (so its tokenizer threads do not idle at each batch's tail either)."""
     assert _WORKER is not None
-    return encode_lines(lines, *_WORKER)
+    return [result for _, result in _in_process([_Lines(lines) for lines in group], *_WORKER)]
 
 
 def task_cpus() -> int:
+    """The CPUs this task may use: its affinity mask (what Slurm's task/affinity or cgroup cpuset
+    gives it), and no more than SLURM_CPUS_PER_TASK where Slurm sets it (--cpus-per-task), for
+    clusters that limit a job's CPU time without pinning it (ConstrainCores=no)."""
     try:
-        return len(os.sched_getaffinity(0))  # what Slurm's cgroup/affinity gives this task
+        cpus = len(os.sched_getaffinity(0))
     except AttributeError:
-        return os.cpu_count() or 1
+        cpus = os.cpu_count() or 1
+    given = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    if given.isdigit() and int(given) > 0:
+        cpus = min(cpus, int(given))
+    return max(1, cpus)
 
 
 # data.workers unset: one process per this many CPUs for a tokenizer that releases the GIL. One
@@ -153,16 +170,18 @@ def task_cpus() -> int:
 # cannot spread is its GIL-held work, about 0.9 s per 16 s of tokenizer CPU, so by that count one
 # process serves about 16 CPUs (an estimate: no larger machine was available to measure).
 NATIVE_CPUS_PER_WORKER = 16
+# ... and at most this many processes for a tokenizer that holds the GIL (each holds a tokenizer).
+MAX_AUTO_WORKERS = 32
 
 
 def auto_workers(tok: Tokenizer, cpus: int | None = None) -> int:
     """Worker processes when data.workers is not set: for `tokenizers` and sentencepiece, 1 per
     NATIVE_CPUS_PER_WORKER CPUs of the task (rounded up); for the null tokenizer and the GPT-2
-    Python path, which hold the GIL, one per CPU."""
+    Python path, which hold the GIL, one per CPU, at most MAX_AUTO_WORKERS."""
     cpus = max(1, cpus if cpus is not None else task_cpus())
     if tok.parallel_batches:
         return -(-cpus // NATIVE_CPUS_PER_WORKER)
-    return cpus
+    return min(cpus, MAX_AUTO_WORKERS)
 
 
 # Chunks encoded side by side in one process, on threads, when the tokenizer's batch call runs
@@ -178,6 +197,14 @@ IN_FLIGHT = 4
 # IN_FLIGHT submitted, a slow oldest chunk (one long document) stops the others' threads once they
 # finish: the CPUs idled every 4 chunks (1.1-1.4 of 2 busy). Queued chunks keep them fed.
 AHEAD = 16
+# ... and at most this many bytes of raw lines queued or in flight (a chunk is 1 MiB or one line,
+# whichever is longer, so long documents are bounded by bytes, not by count).
+AHEAD_BYTES = 32 << 20
+# A worker process gets chunks in groups of this many (or this many bytes), 2 groups per worker
+# in flight: enough for its own pipeline, and memory stays bounded. (One chunk per call for a
+# tokenizer that holds the GIL: a worker encodes those one after another anyway.)
+GROUP_CHUNKS = 2 * IN_FLIGHT
+GROUP_BYTES = 8 << 20
 
 
 def _serial(chunks: Iterable[Any], settings: EncodeSettings, tok: Tokenizer) -> Iterator[tuple[Any, ChunkResult]]:
@@ -185,25 +212,46 @@ def _serial(chunks: Iterable[Any], settings: EncodeSettings, tok: Tokenizer) -> 
         yield chunk, encode_lines(chunk.lines, settings, tok)
 
 
-def _threaded(chunks: Iterable[Any], settings: EncodeSettings, tok: Tokenizer,
-              in_flight: int | None = None, ahead: int | None = None) -> Iterator[tuple[Any, ChunkResult]]:
+def _in_process(chunks: Iterable[Any], settings: EncodeSettings, tok: Tokenizer) -> Iterator[tuple[Any, ChunkResult]]:
+    return (_threaded if tok.parallel_batches else _serial)(chunks, settings, tok)
+
+
+def _threaded(chunks: Iterable[Any], settings: EncodeSettings, tok: Tokenizer, in_flight: int | None = None,
+              ahead: int | None = None, ahead_bytes: int | None = None) -> Iterator[tuple[Any, ChunkResult]]:
     """encode_lines of up to `in_flight` (default IN_FLIGHT) chunks at once on threads, with up to
-    `ahead` (default AHEAD) chunks submitted past the oldest unfinished one; results in input order."""
+    `ahead` (AHEAD) chunks and `ahead_bytes` (AHEAD_BYTES) of lines submitted past the oldest
+    unfinished one; results in input order. An error reading the input (a corrupt .gz) comes after
+    the results of every chunk read before it, as it would one chunk at a time."""
     in_flight = in_flight or IN_FLIGHT
     ahead = max(in_flight, ahead or AHEAD)
+    ahead_bytes = ahead_bytes or AHEAD_BYTES
     from concurrent.futures import ThreadPoolExecutor
 
-    pending: deque = deque()
+    pending: deque = deque()  # (chunk, future, bytes)
+    queued = 0
+    source = iter(chunks)
     pool = ThreadPoolExecutor(in_flight, thread_name_prefix="lingjun-encode")
     try:
-        for chunk in chunks:
-            pending.append((chunk, pool.submit(encode_lines, chunk.lines, settings, tok)))
+        while True:
+            try:
+                chunk = next(source)
+            except StopIteration:
+                break
+            except BaseException:
+                while pending:  # what was read before the error, first
+                    done, future, _ = pending.popleft()
+                    yield done, future.result()
+                raise
+            size = sum(map(len, chunk.lines))
+            pending.append((chunk, pool.submit(encode_lines, chunk.lines, settings, tok), size))
             chunk.lines = []  # the thread holds the only copy
-            while pending and (len(pending) >= ahead or pending[0][1].done()):
-                done, future = pending.popleft()
+            queued += size
+            while pending and (len(pending) >= ahead or queued >= ahead_bytes or pending[0][1].done()):
+                done, future, size = pending.popleft()
+                queued -= size
                 yield done, future.result()
         while pending:
-            done, future = pending.popleft()
+            done, future, _ = pending.popleft()
             yield done, future.result()
     finally:
         # On an error or Ctrl-C: queued chunks are dropped; the batches already inside the
@@ -215,29 +263,43 @@ def encode_stream(chunks: Iterable[Any], settings: EncodeSettings, tok: Tokenize
                   workers: int) -> Iterator[tuple[Any, ChunkResult]]:
     """(chunk, result) in input order. workers == 1 encodes in this process (IN_FLIGHT chunks at
     once on threads where the tokenizer releases the GIL, else one after another); more start that
-    many spawned processes, with at most 2 chunks per worker in flight so memory stays bounded."""
+    many spawned processes, each given groups of chunks (GROUP_CHUNKS) that it encodes the same
+    way, at most 2 groups per worker in flight so memory stays bounded."""
     if workers <= 1:
-        yield from (_threaded if tok.parallel_batches else _serial)(chunks, settings, tok)
+        yield from _in_process(chunks, settings, tok)
         return
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
     threads = max(1, task_cpus() // workers)
+    per_group = GROUP_CHUNKS if tok.parallel_batches else 1  # a Python tokenizer gains nothing from groups
     ctx = multiprocessing.get_context("spawn")
-    pending: deque = deque()
+    pending: deque = deque()  # (chunks of one group, future)
+    group: list = []
+    group_bytes = 0
     with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
                              initargs=(settings, threads)) as pool:
         try:
+            def submit() -> None:
+                pending.append((group, pool.submit(_work, [c.lines for c in group])))
+                for c in group:
+                    c.lines = []  # the pool holds the only copy until the worker has it
+
             for chunk in chunks:
-                pending.append((chunk, pool.submit(_work, chunk.lines)))
-                chunk.lines = []  # the pool holds the only copy until the worker has it
+                group.append(chunk)
+                group_bytes += sum(map(len, chunk.lines))
+                if len(group) >= per_group or group_bytes >= GROUP_BYTES:
+                    submit()
+                    group, group_bytes = [], 0
                 while len(pending) >= 2 * workers:
                     done, future = pending.popleft()
-                    yield done, future.result()
+                    yield from zip(done, future.result())
+            if group:
+                submit()
             while pending:
                 done, future = pending.popleft()
-                yield done, future.result()
+                yield from zip(done, future.result())
         except BrokenProcessPool:
             raise DataError("a tokenizer worker process died (killed, or out of memory?)") from None
         finally:

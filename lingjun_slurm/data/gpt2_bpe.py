@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+import threading
 import unicodedata
 from typing import Any
 
@@ -78,6 +79,9 @@ def pretokenize(text: str) -> list[str]:
     return pattern().findall(text)
 
 
+_TABLE_LOCK = threading.Lock()
+
+
 @functools.lru_cache(maxsize=1)
 def _unknown_to_python() -> Any:
     """A boolean table over all code points: True where this Python's unicodedata says unassigned
@@ -100,7 +104,9 @@ def has_newer_characters(text: str) -> bool:
     import numpy as np
 
     points = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
-    return bool(_unknown_to_python()[points].any())
+    with _TABLE_LOCK:  # encode threads (data/encode.py) build the table once, not once each
+        table = _unknown_to_python()
+    return bool(table[points].any())
 
 
 class SlowBPE:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from . import DataError
-from .encode import EncodeSettings, task_cpus, auto_workers, encode_stream
+from .encode import IN_FLIGHT, EncodeSettings, auto_workers, encode_stream, task_cpus
 from .inputs import Chunk, Piece, assign, line_number, read_chunks, resolve_inputs
 from .progress import Progress
 from .resume import dataset_prefix, fingerprint, is_done, marker_path, read_marker, write_marker
@@ -76,6 +76,12 @@ def run_shard(ds: DataSettings, shard: int, log: TextIO | None = None,
         return {"skipped": True}
     remove_quietly(marker_path(ds.shard_dir, shard))
     workers = ds.workers or auto_workers(tok)
+    if workers == 1:
+        cpus = task_cpus()
+        # One process: the tokenizer's threads are this task's CPUs (Rayon would take the node's
+        # where Slurm limits CPU time without pinning), unless the user set them.
+        os.environ.setdefault("RAYON_NUM_THREADS", str(cpus))
+        tok.threads = max(1, cpus // IN_FLIGHT)
     how = "" if ds.workers else f" (data.workers unset: chosen for {task_cpus()} CPU(s) and this tokenizer)"
     print(f"{label}: {len(pieces)} input piece(s), tokenizer {tok.describe}, {workers} worker(s){how}",
           file=log, flush=True)

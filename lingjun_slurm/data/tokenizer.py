@@ -89,6 +89,7 @@ class Tokenizer:
     eod: int | None
     backend: Any = field(repr=False, default=None)
     describe: str = ""
+    threads: int = -1  # sentencepiece's threads per batch call (-1: its default, every CPU)
 
     @property
     def dtype_name(self) -> str:
@@ -112,6 +113,11 @@ class Tokenizer:
             if kind == "null":
                 return [self._null(i, t) for i, t in enumerate(texts)]
             if kind == "sentencepiece":
+                if self.threads > 0:
+                    try:
+                        return self.backend.encode(texts, out_type=int, num_threads=self.threads)
+                    except TypeError:  # a sentencepiece without num_threads
+                        pass
                 return self.backend.encode(texts, out_type=int)
             if isinstance(self.backend, gpt2_bpe.SlowBPE):
                 return [self.backend.encode(t) for t in texts]

@@ -173,8 +173,8 @@ def preprocess_args(spec: Spec, input_path: Word, output_prefix: Word) -> list[W
     args.add("--json-keys", *data.json_keys)
     args.add("--output-prefix", output_prefix)
     # preprocess_data.py's --workers is required (core_v0.16.1 tools/preprocess_data.py); unset,
-    # one per CPU Slurm gave the task (SLURM_CPUS_PER_TASK is set only with --cpus-per-task).
-    args.add("--workers", data.workers if data.workers else Shell('"${SLURM_CPUS_PER_TASK:-1}"'))
+    # one per CPU the task may use: nproc(1) counts the affinity mask Slurm gives the task.
+    args.add("--workers", data.workers if data.workers else Shell('"$(nproc)"'))
     args.switch("--append-eod", data.append_eod)
     assert data.tokenizer is not None
     tokenizer_args(args, data.tokenizer)

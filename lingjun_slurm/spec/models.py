@@ -338,8 +338,7 @@ class DataSpec(SpecModel):
         default=None, ge=1, le=1024,
         description="Tokenizer worker processes per shard. Default (unset): builtin chooses in the task from its CPUs "
                     "and the tokenizer (huggingface, gpt2-bpe fast path, sentencepiece: 1 per 16 CPUs; null and "
-                    "the GPT-2 Python path: 1 per CPU); megatron-lm gets the task's CPUs ($SLURM_CPUS_PER_TASK, "
-                    "else 1).",
+                    "the GPT-2 Python path: 1 per CPU, at most 32); megatron-lm gets the task's CPUs ($(nproc)).",
     )
     output_prefix: Optional[AbsPath] = Field(
         default=None, description="Output prefix; files are {prefix}_{key}_document.bin/.idx. Default: <workdir>/data/corpus."

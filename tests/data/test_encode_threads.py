@@ -77,7 +77,7 @@ def test_results_in_input_order_when_a_later_batch_finishes_first() -> None:
     tok = _Gate(on_call)
     chunks = [_Chunk(_lines(str(i))) for i in range(1, 8)]
     results = list(encode_stream(chunks, SETTINGS, tok, workers=1))
-    assert order[:2] == ["2", "1"]  # finished out of order ...
+    assert order.index("2") < order.index("1")  # finished out of order ...
     assert [r.docs["text"].tokens.tolist()[0] for _, r in results] == list(range(1, 8))  # ... yielded in order
     assert [c for c, _ in results] == chunks
 
@@ -177,7 +177,7 @@ def test_megatron_lm_tool_gets_the_task_cpus_when_workers_are_unset() -> None:
     from tools import megatron_variants as mv
 
     raw = mv.base_spec("0.16.1")
-    for workers, expect in ((None, '"${SLURM_CPUS_PER_TASK:-1}"'), (6, "6")):
+    for workers, expect in ((None, '"$(nproc)"'), (6, "6")):
         doc = copy.deepcopy(raw)
         doc["data"].pop("workers", None)
         if workers:
@@ -201,3 +201,72 @@ def test_a_slow_oldest_chunk_does_not_stop_the_others() -> None:
     chunks = [_Chunk(_lines(str(i))) for i in range(1, 12)]
     results = list(encode._threaded(chunks, SETTINGS, tok, in_flight=2, ahead=8))
     assert [r.docs["text"].tokens.tolist()[0] for _, r in results] == list(range(1, 12))
+
+
+def test_task_cpus_honours_slurm_cpus_per_task(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lingjun_slurm.data.encode import MAX_AUTO_WORKERS, auto_workers, task_cpus
+
+    monkeypatch.setattr(encode.os, "sched_getaffinity", lambda pid: set(range(64)))
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
+    assert task_cpus() == 64
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "3")  # a CPU-time limit without pinning
+    assert task_cpus() == 3
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "junk")
+    assert task_cpus() == 64
+    python = build(TokenizerSpec(type="null", vocab_size=100), need_eod=True)
+    assert auto_workers(python, 128) == MAX_AUTO_WORKERS
+
+
+def test_a_read_error_comes_after_the_chunks_read_before_it() -> None:
+    tok = _Gate(lambda texts: None)
+
+    def source():  # type: ignore[no-untyped-def]
+        yield _Chunk(_lines("1"))
+        yield _Chunk([b'{"text": 5}\n'])  # this chunk's own error must come first
+        raise DataError("cannot read x.jsonl.gz: corrupt")
+
+    seen = []
+    with pytest.raises(DataError, match="corrupt"):
+        for _, result in encode._threaded(source(), SETTINGS, tok):
+            seen.append(result.error[1] if result.error else result.docs["text"].tokens.tolist())
+    assert seen == [[1, 100], "key 'text' is int; expected a string or a list of strings"]
+
+
+def test_queued_lines_are_bounded_by_bytes() -> None:
+    pulled = [0]
+    release = threading.Event()
+    at_release: list[int] = []
+
+    def on_call(texts: list[str]) -> None:
+        if texts[0].startswith("1 "):
+            release.wait(1.0)  # hold the oldest chunk; a slower machine pulls less, never more
+            at_release.append(pulled[0])
+
+    def source():  # type: ignore[no-untyped-def]
+        for i in range(1, 40):
+            pulled[0] += 1
+            yield _Chunk(_lines(f"{i} " + "7 " * 500))
+
+    size = len(_lines("1 " + "7 " * 500)[0])
+    out = list(encode._threaded(source(), SETTINGS, _Gate(on_call), in_flight=2, ahead=30, ahead_bytes=3 * size))
+    assert len(out) == 39
+    assert at_release and at_release[0] <= 4, at_release  # 3 chunks' bytes queued, +1 being read
+
+
+@pytest.mark.parametrize("name", ["hf", "null"])
+def test_worker_processes_take_groups_and_match_one_process(name: str, tmp_path: Path) -> None:
+    spec = TokenizerSpec.from_settings(TOKENIZERS[name])
+    tok = build(spec, need_eod=True)
+    texts = [" ".join(str(i % 500) for i in range(n % 40 + 1)) if name == "null" else f"doc {n} " * (n % 9)
+             for n in range(200)]
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"".join(_lines(*texts)))
+    settings = EncodeSettings(("text",), True, spec)
+    from lingjun_slurm.data.inputs import assign, resolve_inputs
+
+    pieces = assign(resolve_inputs([str(path)]), 1)[0]
+    one = [r.docs["text"].tokens.tolist() for _, r in encode_stream(read_chunks(pieces, 5, 1 << 20), settings, tok, 1)]
+    two = [(c.first_offset, r.docs["text"].tokens.tolist())
+           for c, r in encode_stream(read_chunks(pieces, 5, 1 << 20), settings, tok, 2)]
+    assert [t for _, t in two] == one and len(one) == 40
+    assert [o for o, _ in two] == sorted(o for o, _ in two)  # each chunk paired with its own result
