@@ -77,11 +77,11 @@ def run_shard(ds: DataSettings, shard: int, log: TextIO | None = None,
     remove_quietly(marker_path(ds.shard_dir, shard))
     workers = ds.workers or auto_workers(tok)
     if workers == 1:
-        cpus = task_cpus()
-        # One process: the tokenizer's threads are this task's CPUs (Rayon would take the node's
-        # where Slurm limits CPU time without pinning), unless the user set them.
-        os.environ.setdefault("RAYON_NUM_THREADS", str(cpus))
-        tok.threads = max(1, cpus // IN_FLIGHT)
+        # One process, up to IN_FLIGHT batch calls at once: sentencepiece's threads per call. (The
+        # tokenizers library sizes Rayon's pool itself, one thread per CPU of the affinity mask:
+        # measured, `taskset -c 0` gives one; Rust's available_parallelism also clamps to a
+        # cgroup v2 CPU quota, rust-lang/rust#92697, library/std/src/sys/unix/thread.rs.)
+        tok.threads = max(1, task_cpus() // IN_FLIGHT)
     how = "" if ds.workers else f" (data.workers unset: chosen for {task_cpus()} CPU(s) and this tokenizer)"
     print(f"{label}: {len(pieces)} input piece(s), tokenizer {tok.describe}, {workers} worker(s){how}",
           file=log, flush=True)
