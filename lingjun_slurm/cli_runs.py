@@ -250,12 +250,13 @@ def _collect(refs: list[str], conns: Connections) -> Collected:
 def _stale(entries: list["IndexEntry"], host: str) -> list["RunStatus"]:
     """The last status seen here for runs on an unreachable host (or UNKNOWN stages from the copy)."""
     from .runs import mirror
+    from .runs.manifest import load_mirrored
     from .status import RunStatus, StageStatus
 
     runs = []
     for e in entries:
         seen = mirror.load_status(e.run_id)
-        m = mirror.load_manifest(e.run_id)
+        m = load_mirrored(e.run_id)
         if seen is not None:
             as_of, doc = seen
             run = RunStatus.from_json(doc, e.run_dir)

@@ -371,7 +371,7 @@ def local_status(m: Manifest, transport: Optional[Transport] = None) -> RunStatu
     recorded RUNNING whose process group still runs is RUNNING (orphaned); one that is gone too is
     FAILED (or what its own end marker in <run_dir>/jobs/ says), never CANCELLED: nobody cancelled
     it. Jobs that never started are CANCELLED ("not started: the local runner is gone")."""
-    from .executors.local import (ORPHANED, STATE_FILE, LocalState, job_alive, read_state, runner_alive)
+    from .executors.localstate import (ORPHANED, STATE_FILE, LocalState, job_alive, read_state, runner_alive)
 
     run = RunStatus(m.run_id, m.name, m.executor, m.transport.host, run_dir=m.run_dir)
     remote = transport is not None and transport.kind != "local"

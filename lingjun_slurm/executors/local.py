@@ -21,7 +21,6 @@ file beside the state keeps room for that last record. The runner holds the work
 from __future__ import annotations
 
 import errno
-import json
 import os
 import re
 import signal
@@ -29,7 +28,6 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Callable, Optional
@@ -40,62 +38,17 @@ from ..runs.logs import array_indices, resolve_pattern, sbatch_option
 from ..runs.manifest import Manifest, StageRecord, load_manifest
 from ..transport.local import LocalTransport
 from .childwait import wait_any
+from .localstate import (STATE_FILE, LocalState, TaskState, boot_id, group_alive, job_alive,  # noqa: F401
+                         proc_start, read_state, runner_alive)
 
-STATE_FILE = "local-state.json"
 # Room kept on the run directory's filesystem for the runner's last record when the disk fills up.
 RESERVE_FILE = ".local-state.reserve"
 RESERVE_BYTES = 256 << 10
-STATE_SCHEMA = 1
 KILL_GRACE_S = float(os.environ.get("LINGJUN_LOCAL_KILL_GRACE_S", "10"))
 DONE = ("COMPLETED", "FAILED", "CANCELLED")
-ORPHANED = "orphaned: the local runner is gone but the job still runs; `lingjun-slurm cancel {run}` stops it"
 
 
-@dataclass
-class TaskState:
-    key: str            # "3" or "1_0" (array job 1, task 0)
-    stage: str
-    job_id: str
-    task: Optional[int]
-    state: str = "PENDING"
-    reason: Optional[str] = "Dependency"
-    pid: Optional[int] = None
-    pid_start: Optional[int] = None  # /proc start time of pid: a recycled pid never matches
-    start: Optional[float] = None
-    end: Optional[float] = None
-    exit_code: Optional[int] = None
-    log: str = ""
 
-
-@dataclass
-class LocalState:
-    run_id: str
-    runner_pid: Optional[int]
-    host: str
-    runner_start: Optional[int] = None
-    tasks: list[TaskState] = field(default_factory=list)
-    finished: bool = False
-    boot_id: str = ""             # pids and start times only mean something within this boot
-    error: Optional[str] = None   # why the runner stopped the run itself (a full disk)
-
-    def to_json(self) -> str:
-        return json.dumps({"schema": STATE_SCHEMA, **asdict(self)}, indent=1) + "\n"
-
-    @staticmethod
-    def from_json(text: str) -> "LocalState":
-        data = json.loads(text)
-        known = TaskState.__dataclass_fields__
-        tasks = [TaskState(**{k: v for k, v in t.items() if k in known}) for t in data.get("tasks", [])]
-        return LocalState(run_id=data["run_id"], runner_pid=data.get("runner_pid"), host=data.get("host", ""),
-                          runner_start=data.get("runner_start"), tasks=tasks, finished=bool(data.get("finished")),
-                          boot_id=str(data.get("boot_id") or ""), error=data.get("error"))
-
-
-def read_state(run_dir: str) -> Optional[LocalState]:
-    try:
-        return LocalState.from_json(Path(run_dir, STATE_FILE).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
 
 
 class LocalRunner:
@@ -455,86 +408,6 @@ def _killpg(pid: int, sig: int) -> None:
 
 def _clock() -> str:
     return time.strftime("%H:%M:%S")
-
-
-def boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
-
-
-def proc_start(pid: Optional[int]) -> Optional[int]:
-    """The start time of a live process (clock ticks since boot, /proc/PID/stat field 22), or None
-    (no such process, or a zombie: it has exited)."""
-    if not pid:
-        return None
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2:].split()
-    if fields and fields[0] in ("Z", "X"):
-        return None
-    return int(fields[19]) if len(fields) > 19 else None
-
-
-def pid_alive(pid: Optional[int], started: Optional[int]) -> bool:
-    """Is pid running, and is it still the process recorded (same start time)?"""
-    now = proc_start(pid)
-    return now is not None and (started is None or now == started)
-
-
-def group_alive(pgid: int) -> bool:
-    """Does any live (non-zombie) process remain in the process group?"""
-    proc = Path("/proc")
-    if not proc.is_dir():
-        try:
-            os.killpg(pgid, 0)
-            return True
-        except (ProcessLookupError, PermissionError):
-            return False
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
-            return True
-    return False
-
-
-def same_boot(state: LocalState) -> bool:
-    return not state.boot_id or state.boot_id == boot_id()
-
-
-def runner_alive(state: LocalState) -> bool:
-    """The recorded runner process is running (same pid, start time and boot)."""
-    return not state.finished and same_boot(state) and pid_alive(state.runner_pid, state.runner_start)
-
-
-def job_alive(task: TaskState, state: LocalState) -> bool:
-    """Does the job's process group still run? Its leader (the supervisor) is the recorded pid with
-    its start time; once the leader is gone its pid cannot be reused while members of its group
-    live (the kernel keeps a pid that is some group's id), so a group without a process of that
-    pid is still the job's own."""
-    if not task.pid or not same_boot(state):
-        return False
-    start = proc_start(task.pid)
-    if start is not None:
-        return task.pid_start is None or start == task.pid_start
-    return group_alive(task.pid)
-
-
-def live_orphans(run_dir: str) -> list[tuple[str, int]]:
-    """(stage, pid) of jobs that run although the run's runner is gone (on this host)."""
-    state = read_state(run_dir)
-    if state is None or state.host != socket.gethostname() or runner_alive(state):
-        return []
-    return [(t.stage, t.pid) for t in state.tasks if t.state == "RUNNING" and t.pid and job_alive(t, state)]
 
 
 def cancel_local(run_dir: str, timeout: float = KILL_GRACE_S + 5) -> list[str]:

@@ -13,7 +13,6 @@ submits never lose an entry.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -22,6 +21,7 @@ from typing import Optional
 
 from ..errors import RunNotFound, TransportError
 from ..transport.local import LocalTransport
+from .statedir import state_dir
 
 INDEX_SCHEMA = 1
 
@@ -79,13 +79,6 @@ def _row_problem(row: object) -> Optional[str]:
 
 class AmbiguousRun(RunNotFound):
     """A RUN prefix that matches several runs."""
-
-
-def state_dir() -> Path:
-    if os.environ.get("LINGJUN_STATE_DIR"):
-        return Path(os.environ["LINGJUN_STATE_DIR"])
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "lingjun-slurm"
 
 
 class RunIndex:

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Literal, Optional
 
-from ..errors import TransportError
+from ..errors import LingjunError, TransportError
 from ..transport.base import Transport
 
 MANIFEST_SCHEMA = 1
@@ -410,3 +410,17 @@ def locked_manifest(transport: Transport, run_dir: str) -> Iterator[Manifest]:
         manifest = load_manifest(transport, run_dir)
         yield manifest
         save_manifest(transport, manifest)
+
+
+def load_mirrored(run_id: str) -> Optional[Manifest]:
+    """The manifest of a remote run as last mirrored on this machine (runs/mirror.py), or None."""
+    from . import mirror
+    from ..transport.local import LocalTransport
+
+    where = mirror.mirror_dir(run_id)
+    if where is None or not (where / "manifest.json").is_file():
+        return None
+    try:
+        return load_manifest(LocalTransport(), str(where))
+    except LingjunError:
+        return None

@@ -21,14 +21,20 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional, Protocol
 
 from ..errors import LingjunError
 from ..transport.local import LocalTransport
-from .index import state_dir
+from .statedir import state_dir
 
-if TYPE_CHECKING:
-    from .manifest import Manifest
+
+class _Manifest(Protocol):
+    """What the mirror needs of runs/manifest.py's Manifest (that module writes through this one)."""
+
+    run_id: str
+
+    def to_json(self) -> str: ...
+
 
 _RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")  # spec NAME_RE: a safe directory name
 STATUS_FILE = "status.json"
@@ -60,7 +66,7 @@ def save_files(run_id: str, files: dict[str, str | bytes]) -> None:
         _warn(run_id, exc)
 
 
-def save_manifest(manifest: "Manifest") -> None:
+def save_manifest(manifest: _Manifest) -> None:
     """Write manifest.json when it differs from the copy already there."""
     where = mirror_dir(manifest.run_id)
     if where is None:
@@ -72,18 +78,6 @@ def save_manifest(manifest: "Manifest") -> None:
     except (OSError, UnicodeDecodeError):
         pass
     save_files(manifest.run_id, {"manifest.json": text})
-
-
-def load_manifest(run_id: str) -> Optional["Manifest"]:
-    from .manifest import load_manifest as load
-
-    where = mirror_dir(run_id)
-    if where is None or not (where / "manifest.json").is_file():
-        return None
-    try:
-        return load(LocalTransport(), str(where))
-    except LingjunError:
-        return None
 
 
 def save_status(run_id: str, run: dict[str, Any]) -> None:

@@ -139,7 +139,7 @@ def _orphaned_stage(workdir: str, holder: Holder) -> Optional[str]:
     """A local run whose runner is gone may still have stages running without it."""
     if not holder.run_id or holder.host != this_host() or holder.jobs:
         return None
-    from ..executors.local import live_orphans
+    from ..executors.localstate import live_orphans
 
     found = live_orphans(posixpath.join(workdir, "runs", holder.run_id))
     if not found:

@@ -29,7 +29,7 @@ from types import ModuleType
 from typing import Any, Iterable, Optional
 
 from .parse import JobInfo, _build, _merge_runs
-from .queue import QueueReader
+from .reader import QueueReader
 
 PROBE_TIMEOUT_S = 10.0
 DEFAULT_CONFS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf")

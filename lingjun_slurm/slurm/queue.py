@@ -22,28 +22,16 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Optional, Protocol
+from typing import TYPE_CHECKING
 
 from ..errors import UsageError
-from .parse import JobInfo
+from .reader import QueueReader
 
 if TYPE_CHECKING:
     from ..transport.base import Transport
 
 SCHEDULER_ENV = "LINGJUN_SCHEDULER"
 CHOICES = ("auto", "cli", "pyslurm")
-
-
-class QueueReader(Protocol):
-    name: str
-
-    def queue(self) -> list[JobInfo]:
-        """Every job slurmctld still remembers (callers filter by job id)."""
-        ...
-
-    def accounting(self, job_ids: Iterable[str]) -> Optional[list[JobInfo]]:
-        """Accounting records of these jobs; None when accounting is not available."""
-        ...
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,7 @@ def _crash(exc: BaseException) -> int:
 
 
 if __name__ == "__main__":  # python3 -m lingjun_slurm.stages.train --plan PLAN.json (the stage dispatcher's twin)
-    from .__main__ import load_plan, parse
+    from .contract import load_plan, parse
 
     _args = parse(["train", *sys.argv[1:]])
     sys.exit(main(load_plan(_args.plan)))
