@@ -136,9 +136,10 @@ def test_concurrent_submits_let_exactly_one_run(tmp_path: Path, env: dict[str, s
                               text=True) for _ in range(5)]
     results = [(p.wait(timeout=120), *p.communicate()) for p in procs]
     ok = [out for rc, out, _err in results if rc == 0]
+    said = "\n".join(f"rc={rc}\nstdout: {out}\nstderr: {err}" for rc, out, err in results)  # whole, not truncated
     try:
-        assert len(ok) == 1, results
-        assert all("is in use by run" in err for rc, _out, err in results if rc != 0), results
+        assert len(ok) == 1, f"{len(ok)} submits won:\n{said}"
+        assert all("is in use by run" in err for rc, _out, err in results if rc != 0), said
         assert len(list((tmp_path / "work" / "runs").iterdir())) == 1
     finally:
         for out in ok:
