@@ -92,17 +92,11 @@ def pid_alive(pid: Optional[int], started: Optional[int]) -> bool:
     return now is not None and (started is None or now == started)
 
 
-def group_alive(pgid: int) -> bool:
-    """Does any live (non-zombie) process remain in the process group?"""
-    proc = Path("/proc")
-    if not proc.is_dir():
-        try:
-            os.killpg(pgid, 0)
-            return True
-        except (ProcessLookupError, PermissionError):
-            return False
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
+def group_members(pgid: int, exclude: int = 0) -> list[int]:
+    """Live (non-zombie) processes of a process group, from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == exclude:
             continue
         try:
             stat = (entry / "stat").read_text()
@@ -110,8 +104,19 @@ def group_alive(pgid: int) -> bool:
             continue
         fields = stat[stat.rindex(")") + 2:].split()
         if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            found.append(int(entry.name))
+    return found
+
+
+def group_alive(pgid: int) -> bool:
+    """Does any live (non-zombie) process remain in the process group?"""
+    if not Path("/proc").is_dir():
+        try:
+            os.killpg(pgid, 0)
             return True
-    return False
+        except (ProcessLookupError, PermissionError):
+            return False
+    return bool(group_members(pgid))
 
 
 def same_boot(state: LocalState) -> bool:

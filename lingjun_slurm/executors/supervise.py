@@ -31,11 +31,11 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 from types import FrameType
 from typing import Optional
 
 from .childwait import wait_any
+from .localstate import group_members
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 POLL_S = 0.2
@@ -55,22 +55,6 @@ def set_parent_death_signal(sig: int) -> bool:
         return int(libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)) == 0
     except (OSError, AttributeError):
         return False
-
-
-def group_members(pgid: int, exclude: int = 0) -> list[int]:
-    """Live (non-zombie) processes of a process group, from /proc."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == exclude:
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()
-        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
-            found.append(int(entry.name))
-    return found
 
 
 def stop_group(child: subprocess.Popen[bytes], grace_s: float) -> None:
