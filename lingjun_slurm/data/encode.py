@@ -135,8 +135,17 @@ def _init_worker(settings: EncodeSettings, threads: int) -> None:
     global _WORKER
     os.environ["RAYON_NUM_THREADS"] = str(threads)  # tokenizers' thread pool, read on first use
     tok = build(settings.tokenizer, need_eod=settings.append_eod)
-    tok.threads = max(1, threads // IN_FLIGHT)  # sentencepiece's own threads per batch call
+    _size_threads(tok, threads)
     _WORKER = (settings, tok)
+
+
+def _size_threads(tok: Tokenizer, cpus: int) -> None:
+    """sentencepiece's own threads per batch call, for IN_FLIGHT calls at once on `cpus` CPUs. (The
+    tokenizers library sizes Rayon's pool itself, one thread per CPU of the affinity mask:
+    measured, `taskset -c 0` gives one; Rust's available_parallelism also clamps to a cgroup v2
+    CPU quota, rust-lang/rust#92697, library/std/src/sys/unix/thread.rs. A worker process gets
+    RAYON_NUM_THREADS, its share.)"""
+    tok.threads = max(1, cpus // IN_FLIGHT)
 
 
 @dataclass
@@ -266,6 +275,7 @@ def encode_stream(chunks: Iterable[Any], settings: EncodeSettings, tok: Tokenize
     many spawned processes, each given groups of chunks (GROUP_CHUNKS) that it encodes the same
     way, at most 2 groups per worker in flight so memory stays bounded."""
     if workers <= 1:
+        _size_threads(tok, task_cpus())
         yield from _in_process(chunks, settings, tok)
         return
     import multiprocessing

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from . import DataError
-from .encode import IN_FLIGHT, EncodeSettings, auto_workers, encode_stream, task_cpus
+from .encode import EncodeSettings, auto_workers, encode_stream, task_cpus
 from .inputs import Chunk, Piece, assign, line_number, read_chunks, resolve_inputs
 from .progress import Progress
 from .resume import dataset_prefix, fingerprint, is_done, marker_path, read_marker, write_marker
@@ -76,12 +76,6 @@ def run_shard(ds: DataSettings, shard: int, log: TextIO | None = None,
         return {"skipped": True}
     remove_quietly(marker_path(ds.shard_dir, shard))
     workers = ds.workers or auto_workers(tok)
-    if workers == 1:
-        # One process, up to IN_FLIGHT batch calls at once: sentencepiece's threads per call. (The
-        # tokenizers library sizes Rayon's pool itself, one thread per CPU of the affinity mask:
-        # measured, `taskset -c 0` gives one; Rust's available_parallelism also clamps to a
-        # cgroup v2 CPU quota, rust-lang/rust#92697, library/std/src/sys/unix/thread.rs.)
-        tok.threads = max(1, task_cpus() // IN_FLIGHT)
     how = "" if ds.workers else f" (data.workers unset: chosen for {task_cpus()} CPU(s) and this tokenizer)"
     print(f"{label}: {len(pieces)} input piece(s), tokenizer {tok.describe}, {workers} worker(s){how}",
           file=log, flush=True)
