@@ -70,6 +70,9 @@ class RankInfo:
     device: int
     bus_id: str
     name: str
+    # The "Group G" column (nccl-tests 2.13+): the MPI_Comm_split color of the rank's process, 0 unless
+    # NCCL_TESTS_SPLIT[_MASK] split the processes into several tests (src/common.cu L1496-1525 at a0b82b2).
+    group: Optional[int] = None
 
 
 @dataclass
@@ -156,7 +159,7 @@ _TIMESTAMP = re.compile(r"^\[?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|
 _ANCHOR = re.compile(r"^(?P<prefix>.*?)#\s*(?P<kind>nccl-tests version|Collective test starting|Collective test "
                      r"concluded|nThread\b|Using devices|Rank\s+\d+\s|size\s+count\b|Out of bounds values|"
                      r"Avg bus bandwidth|Reducing maxBytes)")
-_RANK = re.compile(r"Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?(?:Pid\s+\d+\s+)?on\s+(\S+)\s+device\s+(\d+)\s+"
+_RANK = re.compile(r"Rank\s+(\d+)\s+(?:Group\s+(?P<group>\d+)\s+)?(?:Pid\s+\d+\s+)?on\s+(\S+)\s+device\s+(\d+)\s+"
                    r"\[([^\]]*)\]\s*(.*)$")
 _AVG = re.compile(r"Avg bus bandwidth\s*:\s*(\S+)\s*(OK|FAILED)?")
 _OOB = re.compile(r"Out of bounds values\s*:\s*(\d+)")
@@ -388,8 +391,10 @@ class _Builder:
         elif m := _OOB.search(text):
             r.out_of_bounds = int(m.group(1))
         elif m := _RANK.match(text):
-            r.ranks.append(RankInfo(rank=int(m.group(1)), host=m.group(2), device=int(m.group(3)),
-                                    bus_id=m.group(4), name=m.group(5).strip()))
+            group = m.group("group")
+            r.ranks.append(RankInfo(rank=int(m.group(1)), host=m.group(3), device=int(m.group(4)),
+                                    bus_id=m.group(5), name=m.group(6).strip(),
+                                    group=int(group) if group is not None else None))
         elif m := _STARTING.search(text):
             if r.test is None:
                 r.test, r.test_from = m.group(1), "name line"
@@ -508,10 +513,14 @@ def parse_json(text: str) -> NcclTestResult:
             result.params[key] = str(value).lower() if isinstance(value, bool) else str(value)
     if "nccl_version" in doc:
         result.params["nccl_version"] = str(doc["nccl_version"])
-    for dev in config.get("devices") or []:
-        result.ranks.append(RankInfo(rank=int(dev["rank"]), host=str(dev["hostname"]),
-                                     device=int(dev["device"]), bus_id=str(dev.get("device_hex", "")),
-                                     name=str(dev.get("device_info", ""))))
+    for i, dev in enumerate(config.get("devices") or []):
+        try:
+            result.ranks.append(RankInfo(rank=int(dev["rank"]), host=str(dev["hostname"]),
+                                         device=int(dev["device"]), bus_id=str(dev.get("device_hex", "")),
+                                         name=str(dev.get("device_info", "")),
+                                         group=int(dev["group"]) if dev.get("group") is not None else None))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise NcclParseError(f"config.devices[{i}]: bad device record ({exc!r})") from None
     args = doc.get("args") or []
     if args:
         m = _PERF.search(str(args[0]))

@@ -291,3 +291,24 @@ def test_several_runs_in_one_text_and_old_error_columns() -> None:
     dgx = parse_text((FIX / "deepops_dgx_a100_4node_all_reduce.txt").read_text())
     assert dgx.rows[0].oop_error == pytest.approx(7e-07) and dgx.rows[0].wrong is None
     assert runs[1].rows[17].wrong == 128 and runs[1].out_of_bounds == 4 and runs[1].tracebacks == 2
+
+
+def test_the_group_column_of_the_rank_lines_is_kept() -> None:
+    """writeDeviceReport prints "#  Rank %2d Group %2d Pid %6d on %10s device %2d ..." (src/util.cu:687 at
+    a0b82b2): the Group is the NCCL_TESTS_SPLIT colour, which ranks.py needs to tell a split run."""
+    r = _load("nvidia_tools_image_h200_2x8_mpirun_g8_all_reduce.txt")
+    assert [(x.rank, x.group, x.host, x.device) for x in r.ranks[7:9]] == [
+        (7, 0, "nvidiatools-dgx-2d-workload", 7), (8, 0, "nvidiatools-dgx-9d-workload", 0)]
+    old = _load("v100_broadcast_old_format.txt")  # before the Group column
+    assert old.ranks and {x.group for x in old.ranks} == {None}
+    doc = json.loads(json.dumps(JSON_DOC))
+    doc["config"]["devices"][0]["group"] = 3
+    assert parse_json(json.dumps(doc)).ranks[0].group == 3
+
+
+@pytest.mark.parametrize("device", [{"group": 0}, {"rank": "x", "hostname": "h", "device": 0}, "node1"])
+def test_a_bad_device_record_in_the_json_is_a_parse_error(device: object) -> None:
+    doc = json.loads(json.dumps(JSON_DOC))
+    doc["config"]["devices"] = [device]
+    with pytest.raises(NcclParseError, match=r"config\.devices\[0\]"):
+        parse_json(json.dumps(doc))

@@ -151,3 +151,25 @@ def test_run_directories_judge_the_same_outputs_the_same_way(tmp_path: Path,
     for op in doc["ops"]:
         judged(picks[op["op"]], op)
     assert "all_gather: no verdict: no published reference for all_gather_perf" in out
+
+
+def test_several_gpus_per_process_and_a_command_line_outvoted(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """mpirun -np 2 with -g 8 (and -g 2): processes x GPUs per process, the rank lines and busbw/algbw agree,
+    no note. The same output with its command line edited to -np 1 has one witness for 8 against two for
+    16: 16 is taken and the note says why, in report.json and in the text report."""
+    real = [FIXTURES / "nvidia_tools_image_h200_2x8_mpirun_g8_all_reduce.txt",
+            FIXTURES / "nvidia_tools_image_l40s_2x2_mpirun_g2_all_reduce.txt"]
+    edited = tmp_path / "all_reduce_np1.txt"
+    edited.write_text(real[0].read_text().replace(" -np 2 ", " -np 1 ", 1))
+    code, out, _ = run_cli(capsys, "--report", *(str(p) for p in real), str(edited), "--no-chart",
+                           "--report-json", str(tmp_path / "r.json"))
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert validate(doc) == [] and code == 0
+    assert [(op["ranks"], op["ranks_from"], op["notes"]) for op in doc["ops"][:2]] == [
+        (16, "command line", []), (4, "command line", [])]
+    note = ("the command line starts 8 ranks (mpirun -np 1 x 8 GPUs per process), fewer than the 16 the rank lines "
+            "show (nccl-tests prints a line for every rank): the rank lines and busbw/algbw (the all_reduce factor) "
+            "give 16, which is taken")
+    assert (doc["ops"][2]["ranks"], doc["ops"][2]["ranks_from"], doc["ops"][2]["notes"]) == (16, "rank lines", [note])
+    assert f"note: {note}" in out
