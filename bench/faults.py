@@ -12,7 +12,8 @@ one row per fault:
                  a person stepping in (the note says when one had to)
   lost           iterations trained again: the iteration reached at the fault minus the one
                  the next attempt resumed from (at most the save interval, 10, is the goal)
-  recover_s      from the fault to the first new iteration after the resume
+  recover_s      from the fault to the first new iteration after the resume (exit1-start: from
+                 submit to the run's end)
   x_ref          the train stage's wall time over the reference run's
 
 Faults (each on rank 1 / its node, after the checkpoint at iteration 10):
@@ -24,6 +25,9 @@ Faults (each on rank 1 / its node, after the checkpoint at iteration 10):
   disk-full      the checkpoint directory (a 4-checkpoint tmpfs) filled during the run
   ctld-submit    slurmctld killed and restarted while `submit` sends the chain
   ctld-status    slurmctld killed while `status` asks, then restarted
+  exit1-start    a deterministic crash: rank 1 exits 1 at start while rank 0 works (a Megatron-LM
+                 pretrain_gpt.py stand-in through the real srun --kill-on-bad-exit, which then
+                 exits 143); the job must fail at once, with 0 requeues and the cause in status
 
 Needs root (the dev cluster, tmpfs), Slurm, munge. Writes only under a temporary directory
 (removed unless --keep). Not a test: nothing here has a threshold; tests/integration/
@@ -50,10 +54,11 @@ sys.path.insert(0, str(REPO))
 
 from lingjun_slurm.devcluster import DevCluster, DevClusterConfig  # noqa: E402
 from tests.integration.faults import (first_train_after, flip_byte, last_iteration, lose_node,  # noqa: E402
-                                      resumes, tracker, train_spec, wait_for_rank, wait_until)
+                                      megatron_standin_spec, resumes, tracker, train_spec, wait_for_rank,
+                                      wait_until)
 
 ITERATIONS, SAVE = 40, 10
-FAULTS = ("sigkill", "sigstop", "node-lost", "ckpt-flip", "disk-full", "ctld-submit", "ctld-status")
+FAULTS = ("sigkill", "sigstop", "node-lost", "ckpt-flip", "disk-full", "ctld-submit", "ctld-status", "exit1-start")
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
          "PREEMPTED"}
 
@@ -72,7 +77,9 @@ class Bench:
     def __init__(self, tmp: Path, base_port: int) -> None:
         self.tmp = tmp
         self.cluster = DevCluster(DevClusterConfig(root=tmp / "cluster", base_port=base_port, nodes=4, cpus_per_node=2,
-                                                   gpus_per_node=0, cluster_name="faults", slurmd_timeout=10))
+                                                   # fake GPUs (gres device files) for exit1-start's Megatron-LM
+                                                   # stand-in, which the spec check sends to a GPU partition
+                                                   gpus_per_node=1, cluster_name="faults", slurmd_timeout=10))
         self.env = {**os.environ, **self.cluster.env, "LINGJUN_STATE_DIR": str(tmp / "state"),
                     "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
         self.spawned: list[subprocess.Popen] = []
@@ -270,6 +277,22 @@ class Bench:
                    f"while down: exit {down.returncode} after {down_s} s ({said[-1][:120] if said else ''}); "
                    f"after the restart: exit {up.returncode}")
 
+    def exit1_start(self) -> Row:
+        """A deterministic crash before any checkpoint: not retried (lingjun_slurm/retry.py)."""
+        sub = self.tmp / "exit1-start"
+        sub.mkdir()
+        spec, _ = megatron_standin_spec(sub, "if rank == 1:\n    sys.exit(1)\ntime.sleep(300)\n", max_restarts=3)
+        t = time.time()
+        proc = self.cli("submit", str(spec), "--executor", "slurm")
+        if proc.returncode != 0:
+            raise RuntimeError(f"submit failed: {proc.stdout}{proc.stderr}")
+        run_id = next(x for x in proc.stdout.splitlines() if x.startswith("submitted run ")).split()[2]
+        train = self.wait_ended(run_id).get("train", {})
+        wall = self.train_wall(sub / "work" / "runs" / run_id)
+        ok = train.get("state") == "FAILED" and train.get("restarts") == 0
+        return Row("exit1-start", "failed at once" if ok else f"no ({train.get('state')})", None,
+                   round(time.time() - t, 1), wall, f"restarts {train.get('restarts')}; {train.get('reason')}")
+
     def close(self) -> None:
         for p in self.spawned:
             try:
@@ -312,7 +335,7 @@ def main() -> int:
             "sigkill": lambda: bench.signal_rank("sigkill", signal.SIGKILL),
             "sigstop": lambda: bench.signal_rank("sigstop", signal.SIGSTOP),
             "node-lost": bench.node_lost, "ckpt-flip": bench.ckpt_flip, "disk-full": bench.disk_full,
-            "ctld-submit": bench.ctld_submit, "ctld-status": bench.ctld_status}
+            "ctld-submit": bench.ctld_submit, "ctld-status": bench.ctld_status, "exit1-start": bench.exit1_start}
         for name in names:
             try:
                 rows.append(runs[name]())

@@ -19,6 +19,8 @@ from typing import Any, Optional
 
 import yaml
 
+from .helpers import chain_spec
+
 STACK_FILE = re.compile(r"^(?P<node>.+)-rank(?P<rank>\d+)-pid(?P<pid>\d+)\.txt$")
 
 
@@ -197,3 +199,48 @@ def resumes(run_dir: Path) -> list[dict[str, Any]]:
 
 def first_train_after(run_dir: Path, t: float) -> Optional[dict[str, Any]]:
     return next((r for r in records(run_dir) if r.get("type") == "train" and r["time"] > t), None)
+
+
+ITERATIONS_STANDIN = 4
+
+# The stand-in's preamble: where the tracker is, which rank and attempt this is.
+PREAMBLE = """\
+import os, pathlib, signal, sys, time
+ckpt = pathlib.Path({ckpt!r})
+rank = int(os.environ["SLURM_PROCID"])
+attempt = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+pathlib.Path({pids!r}).mkdir(parents=True, exist_ok=True)
+pathlib.Path({pids!r}, f"{{attempt}}-{{rank}}-{{os.environ['SLURMD_NODENAME']}}").write_text(str(os.getpid()))
+def finish():
+    if rank == 0:
+        ckpt.mkdir(parents=True, exist_ok=True)
+        (ckpt / "latest_checkpointed_iteration.txt").write_text("{iterations}")
+    sys.exit(0)
+"""
+
+
+def megatron_standin_spec(tmp: Path, body: str, *, max_restarts: int = 3, exclude: int = 2) -> tuple[Path, Path]:
+    """(spec, pids dir): a 2-node, 1-task-per-node `entrypoint: megatron-lm` train stage whose
+    pretrain_gpt.py is a stand-in, PREAMBLE + body: what it does per rank (SLURM_PROCID) and
+    attempt (SLURM_RESTART_COUNT) is the fault; finish() writes Megatron's tracker at the last
+    iteration, as Megatron-LM's rank 0 does. Files under tmp (megatron/, work/, pids/, s.yaml)."""
+    mlm = tmp / "megatron"
+    mlm.mkdir()
+    ckpt = tmp / "work" / "checkpoints"
+    pids = tmp / "pids"
+    (mlm / "pretrain_gpt.py").write_text(PREAMBLE.format(ckpt=str(ckpt), pids=str(pids), iterations=ITERATIONS_STANDIN)
+                                         + body)
+    spec = chain_spec(tmp / "s.yaml", tmp / "work", [])
+    doc = yaml.safe_load(spec.read_text())
+    doc["stages"] = {"preprocess": {"skip": True}, "merge": {"skip": True}, "checkpoint": {"skip": True}}
+    # Megatron-LM needs GPUs (a spec check): the test cluster's are gres device files, enough for srun.
+    doc["cluster"]["stages"] = {"train": {"partition": "gpu", "nodes": 2, "tasks_per_node": 1, "gpus_per_node": 1}}
+    doc["megatron_lm"] = {"version": "0.16.1", "path": str(mlm)}
+    doc["data"] = {"prefix": str(tmp / "data" / "corpus_text_document"), "tokenizer": {"type": "null", "vocab_size": 512}}
+    doc["model"] = {"preset": "tiny", "vocab_size": 512}
+    doc["parallelism"] = {"micro_batch": 1, "global_batch": 2}
+    doc["training"] = {"entrypoint": "megatron-lm", "iterations": ITERATIONS_STANDIN, "max_restarts": max_restarts,
+                       "save_grace_s": 60, "preflight": False, "exclude_bad_nodes": exclude}
+    doc["checkpoint"] = {"dir": str(ckpt)}
+    spec.write_text(yaml.safe_dump(doc))
+    return spec, pids
