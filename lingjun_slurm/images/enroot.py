@@ -11,14 +11,20 @@ Behaviour read in NVIDIA/enroot's source (v4.1.2 unless said otherwise):
   leaves a partial file, docker.sh:469-485), logs only to stderr. From 4.0.0 the URI may pin a
   digest, `REGISTRY#IMAGE@sha256:...` (docker.sh:198-304); 3.x takes only a tag.
 - Credentials come from `$ENROOT_CONFIG_PATH/.credentials` (docker.sh:18), read by enroot itself.
+- Docker-style `REGISTRY/IMAGE` references (a '.' or ':' in the first component) from 4.0.0 on
+  (docker.sh:198-250); 3.x reads only `[USER@][REGISTRY#]IMAGE[:TAG]` (v3.5.0 docker.sh:259-272).
+
+The version thresholds are data: enroot_versions.json, each with its source.
 
 Standard library only (runs on hosts without the project's dependencies).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
+from pathlib import Path
 from typing import Optional, Sequence
 
 
@@ -33,7 +39,21 @@ class EnrootError(Exception):
         super().__init__(f"{' '.join(argv[:2])} failed (exit {returncode}): {tail or 'no output'}")
 
 
-DIGEST_MIN = (4, 0, 0)
+def _thresholds() -> dict:
+    return json.loads((Path(__file__).with_name("enroot_versions.json")).read_text(encoding="utf-8"))
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    """'4.1.2' -> (4, 1, 2); ValueError for anything else."""
+    match = re.fullmatch(r"(\d+)\.(\d+)(?:\.(\d+))?", text.strip())
+    if not match:
+        raise ValueError(f"not an enroot version: {text!r} (expected MAJOR.MINOR[.PATCH])")
+    return tuple(int(g or 0) for g in match.groups())
+
+
+_TABLE = _thresholds()
+DIGEST_MIN = parse_version(_TABLE["digest_command"]["min"])
+DOCKER_STYLE_MIN = parse_version(_TABLE["docker_style_reference"]["min"])
 
 
 def _run(argv: list[str], timeout: Optional[float]) -> str:
@@ -59,6 +79,11 @@ def version(exe: str = "enroot") -> tuple[int, ...]:
 
 def has_digest(ver: tuple[int, ...]) -> bool:
     return ver >= DIGEST_MIN
+
+
+def reads_docker_style(ver: tuple[int, ...]) -> bool:
+    """Whether this enroot reads `REGISTRY/IMAGE` as a registry reference (else only `REGISTRY#IMAGE`)."""
+    return ver >= DOCKER_STYLE_MIN
 
 
 def digest(uri: str, arch: Optional[str] = None, exe: str = "enroot", timeout: float = 300) -> str:

@@ -272,12 +272,20 @@ class ContainerSpec(SpecModel):
     )
     image: Optional[Text] = Field(
         default=None,
-        description="Image: [USER@][REGISTRY#]IMAGE[:TAG] (note the '#') or a .sqsh path starting with / or ./.",
+        description="Image: [USER@][REGISTRY#]IMAGE[:TAG], REGISTRY/IMAGE[:TAG] (enroot >= 4.0; docs/images.md), "
+                    "or a .sqsh path starting with / or ./.",
+    )
+    enroot_version: Optional[Bounded] = Field(
+        default=None,
+        description="enroot version on the cluster's nodes (`enroot version`, e.g. '3.5.0'), when known: "
+                    "below 4.0 a REGISTRY/IMAGE reference is refused with its REGISTRY#IMAGE spelling.",
     )
     mounts: list[Union[Bounded, Mount]] = Field(
         default_factory=_no_items, description="Bind mounts as SRC:DST[:FLAGS] strings or {src, dst, flags}."
     )
-    workdir: Optional[SafePath] = Field(default=None, description="Working directory inside the container.")
+    workdir: Optional[SafePath] = Field(
+        default=None, description="Working directory inside the container (--container-workdir). Default: the "
+                                  "directory the stage's batch script runs in (the run directory).")
     mount_home: bool = Field(default=False, description="Mount the user's home (--container-mount-home).")
     remap_root: bool = Field(default=False, description="Appear as root inside (--container-remap-root).")
     writable: bool = Field(default=True, description="Writable root filesystem (--container-writable).")

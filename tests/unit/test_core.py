@@ -68,15 +68,17 @@ def test_every_emitted_megatron_flag_is_in_the_table() -> None:
 @pytest.mark.parametrize("image,ok", [
     ("nvcr.io#nvidia/pytorch:25.04-py3", True), ("ubuntu:22.04", True), ("nvidia/cuda:12.4.1-base", True),
     ("user@nvcr.io#nvidia/pytorch:25.04-py3", True), ("/shared/img.sqsh", True), ("./img.sqsh", True),
-    ("nvcr.io/nvidia/pytorch:25.04-py3", False), ("localhost:5000/img", False), ("img.sqsh", False),
+    # Docker-style REGISTRY/IMAGE: enroot >= 4.0 (docker::_parse_uri, src/docker.sh v4.1.2)
+    ("nvcr.io/nvidia/pytorch:25.04-py3", True), ("localhost:5000/img", True), ("localhost/img", False),
+    ("img.sqsh", False),
     ("images/img.sqsh", False), ("a b", False), ("reg#", False)])
 def test_image_lint(image: str, ok: bool) -> None:
     assert (lint_image(image) is None) == ok
 
 
 def test_image_lint_gives_the_fix() -> None:
-    msg = lint_image("nvcr.io/nvidia/pytorch:25.04-py3")
-    assert msg and "nvcr.io#nvidia/pytorch:25.04-py3" in msg and "Docker Hub" in msg
+    msg = lint_image("nvcr.io/nvidia/pytorch:25.04-py3", enroot_version=(3, 5, 0))
+    assert msg and "'nvcr.io#nvidia/pytorch:25.04-py3'" in msg and "REGISTRY#IMAGE" in msg
 
 
 def test_mount_parsing() -> None:

@@ -89,6 +89,25 @@ def test_enroot_3_resolves_the_digest_from_the_registry(tmp_path: Path, env: dic
     assert len(imports(env)) == 1 and f"docker://reg.example#team/img:{DIGEST} " in imports(env)[0] + " "
 
 
+@pytest.mark.parametrize("version", ["4.1.2", "3.5.0"])
+def test_a_docker_style_reference_is_imported_from_its_registry(tmp_path: Path, env: dict[str, str],
+                                                                 monkeypatch: pytest.MonkeyPatch, version: str) -> None:
+    """`reg.example/team/img:1` (issue 25: real enroot 4.1.2 imports REGISTRY/IMAGE) names the same image as
+    `reg.example#team/img:1`: the stage parses it as enroot 4.x does (images/reference.py) and imports enroot's
+    own '#' form, which enroot 3.x reads too (v3.5.0 src/docker.sh:259-272), so staging works on both."""
+    import lingjun_slurm.stages.image as stage
+
+    monkeypatch.setattr(stage, "resolve_digest", lambda ref, arch=None: DIGEST)  # enroot 3.x asks the registry
+    monkeypatch.setenv("STANDIN_ENROOT_VERSION", version)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    plan = write_plan(tmp_path / "r1", tmp_path / "cache", image="reg.example/team/img:1")
+    assert stage.main(json.loads(plan.read_text()), plan) == 0
+    assert (tmp_path / "r1" / "image" / "digest").read_text() == f"{DIGEST}\n"
+    (uri,) = [line.split()[1] for line in imports(env)]
+    assert uri.startswith("docker://reg.example#team/img") and DIGEST in uri
+
+
 def test_a_failed_import_leaves_nothing_usable(tmp_path: Path, env: dict[str, str]) -> None:
     cache = tmp_path / "cache"
     proc = run_stage(write_plan(tmp_path / "r1", cache), env, {"STANDIN_IMPORT_FAIL": "1"})

@@ -66,7 +66,7 @@ BASE = ["--profile", "tcp", "--nodes", "2", "--gpus-per-node", "0", "--no-contai
     (["--profile", "tcp", "--min-bytes", "2G", "--max-bytes", "1G"], "--min-bytes 2147483648 is larger"),
     (["--profile", "tcp", "--ops", "all_reduce,bogus"], "--ops: unknown test(s) bogus"),
     (["--profile", "tcp", "--bisect"], "--render-only writes the script and exits: it takes no --outdir"),
-    (["--profile", "tcp", "--image", "registry.example.com/nccl:1"], "--image 'registry.example.com/nccl:1'"),
+    (["--profile", "tcp", "--image", "localhost/nccl:1"], "--image 'localhost/nccl:1'"),
     (["--profile", "tcp", "--partition", "gpu;rm -rf /"], "--partition 'gpu;rm -rf /'"),
     (["--profile", "tcp", "--account", "a b"], "--account 'a b'"),
     (["--profile", "tcp", "--job-name", "x/y"], "--job-name 'x/y'"),
