@@ -1,6 +1,6 @@
 """Which node to blame for a crashed training step, from the job's output log.
 
-    python3 -m lingjun_slurm.crashlog --log FILE --offset N [--nodes "n1 n2 ..."]
+    python3 -m lingjun_slurm.crashlog --log FILE --offset N [--nodes "n1 n2 ..."] [--sku NAME | --xid-policy NAME]
 
 reads FILE from byte N (its size when this attempt's srun started) and prints one JSON object:
 
@@ -26,10 +26,16 @@ What is attributed (docs: /tmp/crashlog-docs.md, pasted into docs/fault-toleranc
   step (_task_finish -> _step_signal(SIG_TERM_KILL)), so the others then end "Terminated"/"Killed".
 * Device errors that implicate the GPU or node (uncorrectable ECC/NVLink, fallen off the bus,
   NVML "Unable to determine the device handle", CUDA "unknown error", devices unavailable,
-  system not ready, hardware Xids) are tied to a node by the line's own prefix (NCCL's
+  system not ready, and the Xids lingjun-health drains for) are tied to a node by the line's own prefix (NCCL's
   "host:pid:tid [dev]", a syslog "Mon dd hh:mm:ss host kernel:", srun --label "R: " or torch's
   "[rankR]:" with R mapped to a node through srun's task lines) or, for a line without one, to
   the one node whose task failed first while every other node's tasks were only killed.
+* Xids are judged by lingjun-health's own XID table and SKU family (lingjun_slurm/health/xid.py,
+  thresholds/xid.tsv): on an Azure SKU (GPU_XID_POLICY=azure) Azure's 18 fatal codes
+  (azure_gpu_xid.nhc), elsewhere NVIDIA's catalog actions (GPU_XID_ACTIONS). The SKU is this
+  node's (the batch host's health.conf, as lingjun-health reads it), or --sku / --xid-policy; an
+  Xid the health check would let pass (63, 92, 94 outside Azure; 94 on Azure) blames nobody, so
+  every node drained for an Xid is one the health check judges the same way.
 * Never blamed: errors of the program (illegal memory access, out of memory, device-side
   asserts), NCCL timeouts and remote/network errors (every rank sees them), errors on every
   node of the job (or on more than half of them), nodes that are not the job's (with --nodes),
@@ -46,6 +52,8 @@ import os
 import re
 import sys
 from typing import Dict, List, Optional, Tuple
+
+from .health import xid as xid_table
 
 SCHEMA = 1
 MAX_BYTES = 64 * 1024 * 1024  # read at most the last 64 MiB after the offset: a crash is at the end
@@ -91,12 +99,11 @@ DEVICE = [
      re.compile(r"CUDA error: unknown error|Cuda failure (?:999 )?'unknown error'|CUDA_ERROR_UNKNOWN|"
                 r"cudaErrorUnknown|CUDA error 999", re.I)),
 ]
-# Xid codes of hardware faults (NVIDIA's Xid catalog): double-bit ECC 48, internal
-# micro-controller 61/62, row remapping/page retirement 63/64, NVLink 74, fallen off the bus 79,
-# high single-bit ECC 92, contained/uncontained ECC 94/95, GSP 119/120, unrecovered ECC 140.
-# Xid 13, 31, 43, 45 are usually the application's.
+# The driver's Xid line; which codes implicate the node is the XID table's verdict under the
+# SKU's family (lingjun_slurm/health/xid.py), the one lingjun-health's gpu-xid check gives. An
+# NVLink5 Xid (144-150) whose line says "Nonfatal" never does (as in lingjun-health).
 XID = re.compile(r"NVRM: Xid \((?:PCI:)?[^)]*\): (?P<code>\d+)")
-XID_HARDWARE = {48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140}
+XID_NONFATAL = re.compile(r" Nonfatal ")
 
 # Errors of the program or of everyone: recorded as seen, never blamed on a node.
 PROGRAM = [
@@ -201,14 +208,15 @@ def read_region(path: str, offset: int, max_bytes: int = MAX_BYTES) -> Tuple[Lis
     return lines, info
 
 
-def _device_class(line: str) -> Optional[Tuple[str, str, bool]]:
+def _device_class(line: str, judge: "xid_table.Judge") -> Optional[Tuple[str, str, bool]]:
     """(class, description, implicates the node) of a line, or None."""
     m = XID.search(line)
     if m:
         code = int(m["code"])
-        if code in XID_HARDWARE:
-            return "xid", f"Xid {code} (hardware)", True
-        return "xid-app", f"Xid {code} (usually the application)", False
+        verdict = judge.verdict(code, 144 <= code <= 150 and bool(XID_NONFATAL.search(line)))
+        if verdict:
+            return "xid", f"Xid {code} {judge.describe(code)} ({verdict})", True
+        return "xid-app", f"Xid {code} (lingjun-health does not drain for it: {judge.policy.name} policy)", False
     for cls, desc, pat in DEVICE:
         if pat.search(line):
             return cls, desc, True
@@ -218,8 +226,12 @@ def _device_class(line: str) -> Optional[Tuple[str, str, bool]]:
     return None
 
 
-def analyse(lines: List[Tuple[int, str]], nodes: Optional[List[str]] = None) -> dict:
-    """The blame for one attempt's lines (see the module doc)."""
+def analyse(lines: List[Tuple[int, str]], nodes: Optional[List[str]] = None,
+            judge: Optional["xid_table.Judge"] = None) -> dict:
+    """The blame for one attempt's lines (see the module doc); `judge`: the Xid verdicts (default:
+    NVIDIA's catalog, the program's default policy)."""
+    if judge is None:
+        judge = xid_table.Judge(xid_table.load())
     job_nodes = [n for n in (nodes or []) if HOST_RE.match(n)]
     tasks: List[dict] = []
     rank_node: Dict[int, str] = {}
@@ -256,7 +268,7 @@ def analyse(lines: List[Tuple[int, str]], nodes: Optional[List[str]] = None) -> 
         host_m = NCCL_HOST.search(line) or SYSLOG_HOST.search(line)
         if host_m:
             saw(host_m["host"])
-        cls = _device_class(line)
+        cls = _device_class(line, judge)
         if cls is None:
             continue
         name, desc, implicates = cls
@@ -348,13 +360,28 @@ def analyse(lines: List[Tuple[int, str]], nodes: Optional[List[str]] = None) -> 
     return {"schema": SCHEMA, "found": found, "evidence": evidence[:MAX_EVIDENCE],
             "evidence_total": len(evidence), "tasks": [{k: v for k, v in t.items()} for t in tasks[:200]],
             "first_failure": first_failure, "not_blamed": not_blamed, "known_nodes": known,
-            "node_failures": [h for h, _ in node_failures]}
+            "node_failures": [h for h, _ in node_failures], "xid_policy": judge.as_dict()}
 
 
-def blame(log: str, offset: int, nodes: Optional[List[str]] = None, max_bytes: int = MAX_BYTES) -> dict:
+def node_judge(sku: Optional[str] = None, policy: Optional[str] = None) -> "xid_table.Judge":
+    """The Xid verdicts lingjun-health applies on this node (its health.conf and SKU), or for
+    `sku`/`policy`. Given neither, a node configuration that cannot be read falls back to the
+    program's default policy (the reason is kept in "xid_policy"); given one, its errors raise
+    xid_table.XidTableError."""
+    if sku or policy:
+        return xid_table.node_judge(sku=sku, policy=policy)
+    try:
+        return xid_table.node_judge()
+    except xid_table.XidTableError as exc:
+        return xid_table.Judge(xid_table.load(), source=f"default: the node's configuration: {exc}")
+
+
+def blame(log: str, offset: int, nodes: Optional[List[str]] = None, max_bytes: int = MAX_BYTES,
+          sku: Optional[str] = None, xid_policy: Optional[str] = None) -> dict:
     """Read `log` from `offset` and return the analysis, with "read" (what was read)."""
+    judge = node_judge(sku, xid_policy)
     lines, info = read_region(log, max(0, offset), max_bytes)
-    out = analyse(lines, nodes)
+    out = analyse(lines, nodes, judge)
     out["read"] = info
     return out
 
@@ -366,11 +393,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--offset", type=int, required=True, help="its size in bytes when this attempt's srun started")
     ap.add_argument("--nodes", default="", help="the job's nodes, space- or comma-separated (scontrol show "
                                                 "hostnames): others are never blamed")
+    which = ap.add_mutually_exclusive_group()
+    which.add_argument("--sku", help="judge Xids as lingjun-health does for this SKU (instance type or thresholds "
+                                     "name); default: this node's health.conf")
+    which.add_argument("--xid-policy", help="judge Xids under this family of the XID table (nvidia, azure)")
     args = ap.parse_args(argv)
     if args.offset < 0:
         ap.error("--offset must be >= 0")
     try:
-        out = blame(args.log, args.offset, args.nodes.replace(",", " ").split())
+        out = blame(args.log, args.offset, args.nodes.replace(",", " ").split(), sku=args.sku,
+                    xid_policy=args.xid_policy)
+    except xid_table.XidTableError as exc:
+        print(f"lingjun-slurm: crashlog: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
         print(f"lingjun-slurm: crashlog: cannot read {args.log}: {exc}", file=sys.stderr)
         return 2

@@ -355,6 +355,9 @@ def crashed(run_dir: str, job: str, log: str, offset: int, nodes: List[str], nee
         found = blame(log, offset, nodes or None)["found"]
     except OSError:
         found = []
+    except ValueError as exc:  # a malformed XID table (health/xid.py XidTableError): no blame, said
+        print(f"lingjun-slurm: warning: crash attribution skipped: {exc}", file=sys.stderr)
+        found = []
     return add(run_dir, job, need, max_nodes, found, drain) if found else []
 
 

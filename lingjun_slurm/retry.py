@@ -150,7 +150,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.log:
         try:
             analysis = blame(args.log, args.offset, args.nodes.replace(",", " ").split())
-        except OSError:
+        except (OSError, ValueError):  # unreadable log; a malformed XID table (health/xid.py)
             analysis = None
     retry, why = decide(rc=args.rc, start_iteration=args.start_iteration, last_iteration=args.last_iteration,
                         time_limit=args.time_limit, hung=hung, moved_away=args.moved_away, analysis=analysis)

@@ -1,5 +1,8 @@
 """Node health checks: the bash program `lingjun-health` and its thresholds, packaged as data.
 
+thresholds/ holds one KEY=VALUE file per SKU (*.conf) and the XID table (xid.tsv), which the
+program and crash attribution (lingjun_slurm/crashlog.py, through xid.py here) both read.
+
 The program runs on nodes, as Slurm's HealthCheckProgram and once at boot, where a recent
 Python may be missing (RHEL 8 ships 3.6), so it is bash. This module only finds the packaged
 files: for `lingjun-slurm health`, for the cluster-init generator (clusterinit_gen) and for
@@ -21,11 +24,12 @@ if TYPE_CHECKING:
 
 PROGRAM = "lingjun-health"
 THRESHOLDS = "thresholds"
+XID_TABLE = "xid.tsv"  # in thresholds/: one verdict per XID for each SKU family (xid.py)
 # Where lingjun-health reads its configuration without --config (under --root or
 # $LINGJUN_HEALTH_ROOT), and its drop-in directory: the program's "configuration" section.
 DEFAULT_CONFIG = "/etc/lingjun-slurm/health.conf"
 
-__all__ = ["DEFAULT_CONFIG", "PROGRAM", "THRESHOLDS", "copy_to", "default_config", "installed_dir", "is_configured",
+__all__ = ["DEFAULT_CONFIG", "PROGRAM", "THRESHOLDS", "XID_TABLE", "copy_to", "default_config", "installed_dir", "is_configured",
            "parse_conf", "program_text", "sku_names", "threshold_texts"]
 
 
@@ -39,15 +43,17 @@ def program_text() -> str:
 
 
 def threshold_texts() -> dict[str, str]:
-    """thresholds/<name>.conf -> text, sorted by name."""
+    """Every file of thresholds/ that ships with the program: <name>.conf (one per SKU) and the XID
+    table (XID_TABLE) -> text, sorted by name. Installers copy them all side by side."""
     folder = _root() / THRESHOLDS
     return {entry.name: entry.read_text(encoding="utf-8")
-            for entry in sorted(folder.iterdir(), key=lambda e: e.name) if entry.name.endswith(".conf")}
+            for entry in sorted(folder.iterdir(), key=lambda e: e.name)
+            if entry.name.endswith(".conf") or entry.name == XID_TABLE}
 
 
 def sku_names() -> list[str]:
     """The thresholds shipped with the program, by name (what --sku accepts besides INSTANCE_TYPES=)."""
-    return [name[:-len(".conf")] for name in threshold_texts()]
+    return [name[:-len(".conf")] for name in threshold_texts() if name.endswith(".conf")]
 
 
 def default_config(root: "str | Path | None") -> Path:

@@ -44,7 +44,9 @@ def test_thresholds_the_project_no_longer_ships_are_removed_and_only_those(make_
     assert node.run("execute").returncode == 0
     shipped = node.project / "specs/execute/cluster-init/files/health/thresholds"
     manifest = node.path("/etc/lingjun-slurm/health/thresholds.installed").read_text().splitlines()
-    assert manifest[1:] == sorted(p.name for p in shipped.glob("*.conf"))
+    assert manifest[1:] == sorted(p.name for p in shipped.glob("*.conf")) + ["xid.tsv"]
+    # The XID table lingjun-health and crash attribution both read is installed beside them.
+    assert node.path(f"{THRESHOLDS}/xid.tsv").read_bytes() == (shipped / "xid.tsv").read_bytes()
     own = node.path(f"{THRESHOLDS}/site-only.conf")
     own.write_text("GPU_COUNT=2\n")
     (shipped / "tcp.conf").unlink()  # the project stops shipping one

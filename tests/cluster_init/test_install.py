@@ -74,7 +74,7 @@ def test_execute_fresh_node_then_nothing_changes(make_node, os_family):
     assert health[1:] == ["SKU=Standard_ND96isr_H100_v5", "THRESHOLDS_DIR=/etc/lingjun-slurm/health/thresholds",
                           "NCCL_CONF=/etc/nccl.conf", "ENROOT_CONF=/etc/enroot/enroot.conf", "ENROOT_IMAGE=",
                           "MIN_FREE_GB=20"]
-    thresholds = sorted(p.name for p in (node.project / "specs/execute/cluster-init/files/health/thresholds").glob("*.conf"))
+    thresholds = sorted(p.name for p in (node.project / "specs/execute/cluster-init/files/health/thresholds").glob("*") if p.suffix in (".conf", ".tsv"))
     assert sorted(p.name for p in node.path("/etc/lingjun-slurm/health/thresholds").iterdir()) == thresholds
 
     check = node_test(node, "execute")

@@ -25,7 +25,10 @@ THRESHOLD_KEYS = program_keys("THRESHOLD_KEYS")
 CONFIG_KEYS = program_keys("CONFIG_KEYS")
 
 
-@pytest.mark.parametrize("name", sorted(health.threshold_texts()))
+CONFS = sorted(n for n in health.threshold_texts() if n.endswith(".conf"))
+
+
+@pytest.mark.parametrize("name", CONFS)
 def test_each_file_parses_with_known_keys_and_says_where_its_figures_come_from(name: str) -> None:
     text = health.threshold_texts()[name]
     conf = health.parse_conf(text)
@@ -36,7 +39,8 @@ def test_each_file_parses_with_known_keys_and_says_where_its_figures_come_from(n
         assert re.search(r"Azure/azurehpc-health-checks conf/\S+\.conf \(commit [0-9a-f]{40}\)", header), header
     else:
         assert re.search(r"Source:|No vendor figures|GPU and RDMA checks are skipped", header), header
-    for key in ("GPU_COUNT", "IB_PORT_COUNT", "IB_RATE_GBPS", "GPU_ECC_UNCORRECTED_MAX", "GPU_ECC_CORRECTED_MAX"):
+    for key in ("GPU_COUNT", "IB_PORT_COUNT", "IB_RATE_GBPS", "GPU_ECC_UNCORRECTED_MAX", "GPU_ECC_CORRECTED_MAX",
+                "GPU_ECC_SRAM_CORRECTED_MAX", "GPU_ECC_SRAM_UNCORRECTED_MAX", "GPU_ECC_DRAM_MAX"):
         assert conf.get(key, "") == "" or conf[key].isdigit(), (name, key)
 
 
@@ -54,7 +58,7 @@ def test_every_instance_type_of_every_network_profile_has_thresholds(tmp_path: P
 
 def test_every_network_profile_name_is_a_thresholds_name() -> None:
     """cluster-init may write SKU=<profile> when the VM size is unknown: that must resolve too."""
-    names = {Path(n).stem for n in health.threshold_texts()}
+    names = {Path(n).stem for n in CONFS}
     assert set(network.profiles()) <= names, set(network.profiles()) - names
 
 
@@ -72,7 +76,12 @@ def test_azure_figures(name: str) -> None:
     gpus, rate, ports = AZURE[name]
     assert conf["GPU_COUNT"] == gpus and conf["IB_RATE_GBPS"] == rate and conf["IB_LINK_LAYER"] == "InfiniBand"
     assert conf["IB_PORTS"].split() == [f"mlx5_ib{i}:1" for i in range(ports)]
-    assert conf["GPU_ECC_CORRECTED_MAX"] == "20000000" and conf["GPU_ECC_UNCORRECTED_MAX"] == "0"
+    # check_gpu_ecc 20000000 10000 (azure_gpu_ecc.nhc: SRAM uncorrectable > 0 fails), per counter, no
+    # summed volatile limit; check_gpu_xid: Azure's fatal list, window and report-once
+    assert (conf["GPU_ECC_DRAM_MAX"], conf["GPU_ECC_SRAM_CORRECTED_MAX"], conf["GPU_ECC_SRAM_UNCORRECTED_MAX"]) == \
+        ("20000000", "10000", "0")
+    assert conf["GPU_ECC_CORRECTED_MAX"] == conf["GPU_ECC_UNCORRECTED_MAX"] == ""
+    assert conf["GPU_XID_POLICY"] == "azure" and conf["GPU_XID_WINDOW_HOURS"] == "2"
     # check_nvlink_status in each conf; azhpc-images ndv4.sh/ndv5.sh: Fabric Manager and nvidia-peermem
     assert (conf["FABRIC_MANAGER"], conf["NVLINK"], conf["PEERMEM"]) == ("yes", "yes", "yes")
     header = health.threshold_texts()[f"{name}.conf"]
@@ -99,19 +108,23 @@ def test_docs_describe_every_key_and_every_thresholds_file() -> None:
     doc = (REPO / "docs" / "health-checks.md").read_text()
     for key in sorted(THRESHOLD_KEYS | CONFIG_KEYS | {"INSTANCE_TYPES"}):
         assert f"`{key}`" in doc, key
-    for name in health.threshold_texts():
+    for name in health.threshold_texts():  # the thresholds files and the XID table
         assert f"`{name}`" in doc, name
     for check in ("gpu-count", "gpu-ecc", "gpu-xid", "gpu-fabric", "gpu-nvlink", "gpu-peermem", "ib-ports",
                   "roce-gid", "socket-if", "enroot-start", "gpu-container", "enroot-space"):
         assert f"`{check}`" in doc, check
 
 
+XID_TABLE = health.threshold_texts()["xid.tsv"]
+
+
 def xid_catalog() -> dict[int, tuple[str, str]]:
-    """The XID catalog the program carries (after its last line): code -> (action, description)."""
-    block = PROGRAM_TEXT.split("# BEGIN XID CATALOG\n", 1)[1].split("# END XID CATALOG\n", 1)[0]
+    """NVIDIA's catalog as the XID table carries it: code -> (action, description)."""
     out = {}
-    for line in block.splitlines():
-        code, action, text = line.removeprefix("# ").split("\t")
+    for line in XID_TABLE.splitlines():
+        if line.startswith(("#", "POLICY\t")) or not line:
+            continue
+        code, action, _azure, text = line.split("\t")
         out[int(code)] = (action, text)
     return out
 
@@ -125,8 +138,9 @@ def test_the_xid_catalog_is_nvidias() -> None:
     assert cat[119] == ("RESET_GPU", "GSP RPC Timeout") and cat[120][0] == "RESET_GPU"
     assert cat[13][0] == cat[31][0] == "RESTART_APP" and cat[43][0] == cat[63][0] == cat[92][0] == "IGNORE"
     assert all(cat[x][0] == "WORKFLOW_NVLINK5_ERR" for x in range(144, 151))
-    assert 1 not in cat and 56 not in cat and all(text != "Unused" for _, text in cat.values())
-    assert "docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html" in PROGRAM_TEXT
+    assert 1 not in cat and all(text != "Unused" for _, text in cat.values())
+    assert cat[56] == ("-", "Display Engine error")  # Azure lists it; not in the Ampere catalog
+    assert "docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html" in XID_TABLE
 
 
 def test_which_catalog_actions_drain_by_default() -> None:
@@ -135,3 +149,14 @@ def test_which_catalog_actions_drain_by_default() -> None:
     drains = {code for code, (action, _) in cat.items() if action in actions}
     assert {48, 62, 64, 74, 79, 95, 119, 120, 140, 143, 144, 145, 146, 147, 148, 149, 150, 151} <= drains
     assert not {8, 13, 31, 32, 43, 45, 63, 68, 69, 92, 94, 154} & drains  # application faults, informational
+
+
+def test_the_xid_tables_azure_column_is_azures_list() -> None:
+    """azure_gpu_xid.nhc at 0e0a1ac, line 10: XID_EC="48 56 57 58 62 63 64 65 68 69 73 74 79 80 81 92 119 120";
+    the window and report-once rules on the azure POLICY line (lines 16-19, 37-49)."""
+    fatal = [int(ln.split("\t")[0]) for ln in XID_TABLE.splitlines() if ln[:1].isdigit() and ln.split("\t")[2] == "fatal"]
+    assert fatal == [48, 56, 57, 58, 62, 63, 64, 65, 68, 69, 73, 74, 79, 80, 81, 92, 119, 120]
+    policies = [ln.split("\t") for ln in XID_TABLE.splitlines() if ln.startswith("POLICY\t")]
+    assert policies == [["POLICY", "nvidia", "actions", "elapsed", "every-run"],
+                        ["POLICY", "azure", "fatal-list", "whole-hours", "once"]]
+    assert "0e0a1ac26a64b32ac4dd7632a529638505d3314a" in XID_TABLE and "azure_gpu_xid.nhc" in XID_TABLE

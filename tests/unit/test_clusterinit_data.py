@@ -49,7 +49,7 @@ def test_health_checks_are_copied_verbatim_and_executable() -> None:
     program = HEALTH / health.PROGRAM
     assert program.read_text() == health.program_text()
     assert program.stat().st_mode & 0o777 == 0o755, "lingjun-health must keep mode 0755 in cluster_init/"
-    copied = {p.name: p.read_text() for p in (HEALTH / health.THRESHOLDS).glob("*.conf")}
+    copied = {p.name: p.read_text() for p in (HEALTH / health.THRESHOLDS).glob("*") if p.suffix in (".conf", ".tsv")}
     assert copied == health.threshold_texts() and copied
 
 

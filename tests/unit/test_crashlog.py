@@ -32,6 +32,13 @@ def blamed(out: dict) -> list:
     return [f["node"] for f in out["found"]]
 
 
+@pytest.fixture(autouse=True)
+def no_node_config(tmp_path, monkeypatch):
+    """Hermetic: the Xid verdicts come from this machine's health.conf by default (the batch host's
+    SKU); every test here sees an empty node instead (NVIDIA's catalog), unless it sets one."""
+    monkeypatch.setenv("LINGJUN_HEALTH_ROOT", str(tmp_path / "node"))
+
+
 # ---- real excerpts, as they are -------------------------------------------------------------
 
 @pytest.mark.parametrize("name, cls", [
@@ -250,7 +257,113 @@ def test_cli_prints_one_json_object(tmp_path):
 
 
 def test_stdlib_only():
-    src = (REPO / "lingjun_slurm" / "crashlog.py").read_text()
-    imports = {line.split()[1].split(".")[0] for line in src.splitlines()
-               if line.startswith(("import ", "from ")) and not line.startswith("from __future__")}
-    assert imports <= {"argparse", "json", "os", "re", "sys", "typing"}
+    """crashlog and what it imports of the package (the XID table reader and the health package's
+    __init__) use the standard library only: they run on the batch host with plain python3."""
+    stdlib = {"argparse", "json", "os", "re", "sys", "typing", "shutil", "tempfile", "collections", "contextlib",
+              "importlib", "pathlib"}
+    for rel in ("crashlog.py", "health/xid.py", "health/__init__.py"):
+        src = (REPO / "lingjun_slurm" / rel).read_text()
+        imports = {line.split()[1].split(".")[0] or line.split()[1] for line in src.splitlines()
+                   if line.startswith(("import ", "from ")) and not line.startswith("from __future__")}
+        assert imports <= stdlib | {".health"}, (rel, imports)
+
+
+
+# ---- Xids: lingjun-health's XID table and the SKU family (lingjun_slurm/health/xid.py) --------------
+
+XID63 = real("m4_logs_tr190_xid63.log").split("Error: ", 1)[1]  # the kernel's syslog line, host ip-26-0-146-100
+XID94 = real("open_gpu_kernel_modules_xid94_format.log")
+NODES = ["ip-26-0-146-100", "ip-26-0-146-101"]
+
+
+def test_real_xid63_line_as_posted_names_no_node(tmp_path):
+    """m4-logs' monitoring line ("Xid errors on instance: HOST, Error: <syslog line>") does not
+    start with the syslog stamp: the Xid is seen, under Azure's policy as a node fault, but no node."""
+    text = real("m4_logs_tr190_xid63.log")
+    log = tmp_path / "job.out"
+    log.write_text(text)
+    out = crashlog.blame(str(log), 0, NODES, xid_policy="azure")
+    assert out["evidence"][0]["class"] == "xid" and out["evidence"][0]["node"] is None and blamed(out) == []
+    out = crashlog.blame(str(log), 0, NODES, xid_policy="nvidia")
+    assert out["evidence"] == [] and [n["class"] for n in out["not_blamed"]] == ["xid-app"]
+
+
+@pytest.mark.parametrize("policy, line, blames", [
+    ("nvidia", XID63, False),  # NVIDIA's catalog: IGNORE
+    ("azure", XID63, True),  # azure_gpu_xid.nhc lists 63
+    ("nvidia", XID63.replace("): 63, ", "): 92, "), False),  # IGNORE
+    ("azure", XID63.replace("): 63, ", "): 92, "), True),  # Azure lists 92
+    ("nvidia", "May 19 07:08:57 ip-26-0-146-100 kernel: " + XID94, False),  # RESTART_APP
+    ("azure", "May 19 07:08:57 ip-26-0-146-100 kernel: " + XID94, False),  # not in Azure's list
+    ("nvidia", XID63.replace("): 63, ", "): 79, "), True),  # RESTART_BM
+    ("azure", XID63.replace("): 63, ", "): 79, "), True),
+])
+def test_xid_verdict_is_the_health_checks_for_the_family(tmp_path, policy, line, blames):
+    log = tmp_path / "job.out"
+    log.write_text(line + "\n")
+    out = crashlog.blame(str(log), 0, NODES, xid_policy=policy)
+    assert blamed(out) == (["ip-26-0-146-100"] if blames else []), out
+    assert out["xid_policy"]["policy"] == policy
+
+
+def test_nonfatal_nvlink5_xid_does_not_blame(tmp_path):
+    """lingjun-health's rule: an NVLink5 Xid whose line says "Nonfatal" never drains."""
+    kern = (REPO / "tests/fixtures/health/kern/nvlink5.log").read_text().splitlines()
+    fatal, nonfatal = (f"Feb 14 05:03:41 gpu-7 kernel: {ln.split('] ', 1)[1]}\n" for ln in kern)
+    assert blamed(run_on(tmp_path, nonfatal, nodes=["gpu-6", "gpu-7"])) == []
+    assert blamed(run_on(tmp_path, fatal, nodes=["gpu-6", "gpu-7"])) == ["gpu-7"]
+
+
+def _node(tmp_path, conf: str) -> None:
+    folder = tmp_path / "node" / "etc" / "lingjun-slurm"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "health.conf").write_text(conf)
+
+
+def test_the_family_comes_from_the_nodes_health_conf(tmp_path):
+    """As lingjun-health reads it: SKU= (an instance type listed in a thresholds file), a drop-in
+    over it."""
+    log = tmp_path / "job.out"
+    log.write_text(XID63 + "\n")
+    _node(tmp_path, "SKU=Standard_ND96amsr_A100_v4\n")
+    out = crashlog.blame(str(log), 0, NODES)
+    assert out["xid_policy"]["policy"] == "azure" and "azure-nd-a100-v4.conf" in out["xid_policy"]["source"]
+    assert blamed(out) == ["ip-26-0-146-100"]
+    dropins = tmp_path / "node/etc/lingjun-slurm/health.conf.d"
+    dropins.mkdir()
+    (dropins / "90-xid.conf").write_text("GPU_XID_POLICY=nvidia\n")
+    assert blamed(crashlog.blame(str(log), 0, NODES)) == []
+    _node(tmp_path, "SKU=lingjun\n")
+    (dropins / "90-xid.conf").write_text("GPU_FATAL_XIDS=63\n")  # a site's own addition
+    assert blamed(crashlog.blame(str(log), 0, NODES)) == ["ip-26-0-146-100"]
+
+
+def test_a_broken_node_config_falls_back_to_nvidias_catalog_and_says_why(tmp_path):
+    log = tmp_path / "job.out"
+    log.write_text(XID63 + "\n")
+    _node(tmp_path, "SKU=Standard_ND96amsr_A100_v4\nthis is not a setting\n")
+    out = crashlog.blame(str(log), 0, NODES)
+    assert out["xid_policy"]["policy"] == "nvidia" and blamed(out) == []
+    assert "health.conf:2: expected KEY=VALUE" in out["xid_policy"]["source"]
+
+
+def test_cli_sku_and_policy(tmp_path):
+    log = tmp_path / "job.out"
+    log.write_text(XID63 + "\n")
+    base = [sys.executable, "-m", "lingjun_slurm.crashlog", "--log", str(log), "--offset", "0", "--nodes", " ".join(NODES)]
+    proc = subprocess.run(base + ["--sku", "Standard_ND96isr_H200_v5"], capture_output=True, text=True, cwd=REPO,
+                          timeout=60)
+    assert proc.returncode == 0 and [f["node"] for f in json.loads(proc.stdout)["found"]] == ["ip-26-0-146-100"]
+    proc = subprocess.run(base + ["--sku", "Standard_NoSuch"], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert proc.returncode == 2 and "no thresholds for SKU 'Standard_NoSuch'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = subprocess.run(base + ["--xid-policy", "gcp"], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert proc.returncode == 2 and "GPU_XID_POLICY=gcp: not a POLICY of " in proc.stderr
+
+
+def test_a_malformed_xid_table_names_its_line(tmp_path):
+    from lingjun_slurm.health import xid
+    bad = tmp_path / "xid.tsv"
+    bad.write_text("# ok\nPOLICY\tnvidia\tactions\telapsed\tevery-run\n79 RESTART_BM - lost\n")
+    with pytest.raises(xid.XidTableError, match=rf"^{bad}:3: expected CODE<TAB>"):
+        xid.load(str(bad))

@@ -97,7 +97,8 @@ lj_health_install() {
     lj_install_file "$src/lingjun-health" "$LJ_HEALTH_PROGRAM" 0755
     lj_ensure_dir "$LJ_THRESHOLDS" 0755
     lj_ensure_dir "$LJ_HEALTH_DROPINS" 0755
-    for f in "$src"/thresholds/*.conf; do
+    # The per-SKU thresholds and the XID table (xid.tsv) the program reads beside them.
+    for f in "$src"/thresholds/*.conf "$src"/thresholds/*.tsv; do
         [ -f "$f" ] && lj_install_file "$f" "$LJ_THRESHOLDS/${f##*/}" 0644
     done
     # Files an earlier run installed and the project no longer ships go; anything else in the
@@ -105,13 +106,13 @@ lj_health_install() {
     manifest=$(lj_path "$LJ_THRESHOLDS_MANIFEST")
     if [ -f "$manifest" ]; then
         while IFS= read -r name; do
-            [[ $name =~ ^[A-Za-z0-9][A-Za-z0-9._+-]*\.conf$ ]] || continue
+            [[ $name =~ ^[A-Za-z0-9][A-Za-z0-9._+-]*\.(conf|tsv)$ ]] || continue
             [ -f "$src/thresholds/$name" ] || lj_remove "$LJ_THRESHOLDS/$name"
         done <"$manifest"
     fi
     {
         printf '# Written by lingjun-slurm cluster-init: the thresholds files it installed here (it removes only these).\n'
-        for f in "$src"/thresholds/*.conf; do
+        for f in "$src"/thresholds/*.conf "$src"/thresholds/*.tsv; do
             if [ -f "$f" ]; then printf '%s\n' "${f##*/}"; fi
         done
     } | lj_install_text "$LJ_THRESHOLDS_MANIFEST" 0644
