@@ -333,6 +333,7 @@ def read_verdict(t: Transport, job: DoctorJob, job_id: str) -> Optional[dict[str
 def verdict_lines(verdict: dict[str, Any]) -> list[str]:
     """The judge's lines (as preflight/judge.py prints them), each bad node's further reasons under it."""
     from .preflight import PREFIX
+    from .preflight.judge import late_lines
 
     lines = []
     for node, why in (verdict.get("bad_nodes") or {}).items():
@@ -341,6 +342,7 @@ def verdict_lines(verdict: dict[str, Any]) -> list[str]:
             lines.append(f"    {extra.get('check')}: {extra.get('reason')}")
     for problem in verdict.get("problems") or []:
         lines.append(f"{PREFIX} {problem}")
+    lines += late_lines(verdict)
     if verdict.get("ok"):
         skew = verdict.get("skew_s")
         lines.append(f"{PREFIX} {len(verdict.get('nodes') or [])} nodes passed"

@@ -54,8 +54,8 @@ def load_report(out: Path, node: str, job: Optional[str], restart: Optional[str]
     return doc, ""
 
 
-def components(nodes: List[str], sees: Dict[str, Set[str]]) -> List[List[str]]:
-    """Groups of nodes that read each other's tokens (both ways), largest first."""
+def components(nodes: List[str], linked: Dict[str, Set[str]]) -> List[List[str]]:
+    """Groups of nodes connected by LINKED (symmetric: read each other's tokens), largest first."""
     left, groups = list(nodes), []
     while left:
         group, todo = [left[0]], [left[0]]
@@ -63,7 +63,7 @@ def components(nodes: List[str], sees: Dict[str, Set[str]]) -> List[List[str]]:
         while todo:
             a = todo.pop()
             for b in list(left):
-                if b in sees.get(a, set()) and a in sees.get(b, set()):
+                if b in linked.get(a, set()) and a in linked.get(b, set()):
                     group.append(b)
                     todo.append(b)
                     left.remove(b)
@@ -71,10 +71,39 @@ def components(nodes: List[str], sees: Dict[str, Set[str]]) -> List[List[str]]:
     return sorted(groups, key=len, reverse=True)
 
 
-def shared_verdict(label: str, reports: Dict[str, dict]) -> Tuple[Dict[str, str], List[str], List[str]]:
-    """Node failures, job-wide problems and the majority group for one shared directory."""
+def _number(value: Any) -> Optional[float]:
+    try:
+        return float(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def missed(entry_a: dict, entry_b: dict) -> bool:
+    """Node a did not read node b's token: does that count against their sharing the directory?
+
+    Only when a was still looking a full window (its `timeout_s`, the time a token is given to
+    show up, NFS attribute caching included) after b wrote it: b's `written_at` (b's clock) at
+    least that long before a's last poll (`waited_until`, a's clock). A node whose task started
+    later (its container took longer to start: pyxis/enroot unpack the image per node before the
+    task runs) wrote its token after the others had stopped looking; their not reading it proves
+    nothing, and it is judged on its own reading of theirs, which were there all along. Of any
+    two nodes that both waited out their window, at least one waited a full window after the
+    other's write (whichever wrote later), so every pair is judged one way or the other.
+    Reports without these fields (an older lingjun_slurm in the image) count every miss."""
+    until, written = _number(entry_a.get("waited_until")), _number(entry_b.get("written_at"))
+    window = _number(entry_a.get("timeout_s"))
+    if until is None or written is None or window is None:
+        return True
+    return written <= until - window
+
+
+def shared_verdict(label: str, reports: Dict[str, dict]
+                   ) -> Tuple[Dict[str, str], List[str], List[str], Dict[str, float]]:
+    """Node failures, job-wide problems, the majority group for one shared directory, and the nodes
+    that started late: whose token was written after a node that did not read it had stopped
+    looking (seconds after the first node's token)."""
     check = "shared-" + label.replace("_", "-")
-    writers, sees, path, fails = [], {}, "", {}
+    writers, sees, entries, path, fails = [], {}, {}, "", {}
     for node, doc in reports.items():
         entry = (doc.get("shared") or {}).get(label)
         if not isinstance(entry, dict):
@@ -84,24 +113,45 @@ def shared_verdict(label: str, reports: Dict[str, dict]) -> Tuple[Dict[str, str]
             fails[node] = str(entry.get("error") or f"{check}: no token written")
             continue
         writers.append(node)
+        entries[node] = entry
         sees[node] = set(entry.get("seen") or [])
+    # a and b share the directory when one read the other's token and neither missed the other's
+    # with a full window to read it (missed()).
+    linked: Dict[str, Set[str]] = {n: set() for n in writers}
+    late: Dict[str, float] = {}
+    for a in writers:
+        for b in writers:
+            if a == b:
+                continue
+            a_b = b in sees[a] or not missed(entries[a], entries[b])  # not refuted from a's side
+            b_a = a in sees[b] or not missed(entries[b], entries[a])
+            if a_b and b_a and (b in sees[a] or a in sees[b]):
+                linked[a].add(b)
+            until, written = _number(entries[a].get("waited_until")), _number(entries[b].get("written_at"))
+            if b not in sees[a] and until is not None and written is not None and written > until:
+                late.setdefault(b, 0.0)  # b's token came after a had stopped looking
+    firsts = [w for w in (_number(entries[n].get("written_at")) for n in writers) if w is not None]
+    for node in late:
+        written = _number(entries[node].get("written_at"))
+        late[node] = round(written - min(firsts), 1) if written is not None and firsts else 0.0
     if len(writers) < 2:
-        return fails, [], writers
-    groups = components(writers, sees)
+        return fails, [], writers, late
+    groups = components(writers, linked)
     if len(groups) == 1:
-        return fails, [], writers
+        return fails, [], writers, late
     big = groups[0]
     if len(big) * 2 <= len(writers) or len(groups[1]) == len(big):
         shown = "; ".join(" ".join(g) for g in groups[:4])
         return fails, [f"{label} {path} is not one shared directory: no majority of the nodes reads each other's "
-                       f"tokens (groups that do: {shown}); is it on a shared file system mounted on every node?"], []
+                       f"tokens (groups that do: {shown}); is it on a shared file system mounted on every node?"
+                       ], [], late
     for node in writers:
         if node not in big:
             read = sorted(sees[node] & set(big))
             by = sorted(n for n in big if node in sees[n])
             fails[node] = (f"{label} {path} is not the directory the other {len(big)} nodes share (it read the tokens "
                            f"of {', '.join(read) or 'none of them'}; its own was read by {', '.join(by) or 'none'})")
-    return fails, [], big
+    return fails, [], big, late
 
 
 def _mtime_offset(doc: dict, label: str) -> Optional[Tuple[float, float]]:
@@ -243,12 +293,15 @@ def judge(plan: dict, out: Path, nodes: List[str], bound: Optional[float] = None
     problems: List[str] = []
     clock_info: Dict[str, Any] = {}
     groups: Dict[str, List[str]] = {}
+    late: Dict[str, float] = {}
     for label, check in (("workdir", "shared-workdir"), ("checkpoint_dir", "shared-checkpoint-dir")):
-        fails, probs, group = shared_verdict(label, reports)
+        fails, probs, group, late_here = shared_verdict(label, reports)
         for node, why in fails.items():
             reasons[node].append((check, why))
         problems += probs
         groups[label] = group
+        for node, after in late_here.items():
+            late[node] = max(after, late.get(node, 0.0))
     label = "workdir" if len(groups["workdir"]) >= 2 else "checkpoint_dir"
     if len(groups[label]) >= 2:
         fails, probs, clock_info = clock_verdict(reports, label, groups[label], bound)
@@ -280,8 +333,18 @@ def judge(plan: dict, out: Path, nodes: List[str], bound: Optional[float] = None
             detail[node] = [{"check": c, "reason": r} for c, r in own]
     code = 2 if problems else 1 if bad else 0
     return {"schema": SCHEMA, "ok": code == 0, "exit": code, "job": job, "restart": restart, "nodes": nodes,
-            "bad_nodes": bad, "reasons": detail, "problems": problems,
+            "bad_nodes": bad, "reasons": detail, "problems": problems, "late": late,
             "skew_s": clock_info.get("skew_s"), "clock": clock_info, "judged_at": time.time()}
+
+
+def late_lines(verdict: dict) -> list:
+    """One line per node that started late and still passed (verdict["late"]; the judge prints
+    them, `lingjun-slurm doctor` shows them)."""
+    bad = verdict.get("bad_nodes") or {}
+    return [f"{PREFIX} node {node} started {after:g} s after the first node (its container started later), "
+            f"after the others had stopped waiting for its token; judged on its own reading of theirs"
+            for node, after in sorted((verdict.get("late") or {}).items())
+            if node not in bad and isinstance(after, (int, float))]
 
 
 def main(plan: dict, out: Path, nodes: List[str], bound: Optional[float] = None) -> int:
@@ -298,6 +361,8 @@ def main(plan: dict, out: Path, nodes: List[str], bound: Optional[float] = None)
         print(f"{PREFIX} node {node}: {why}", flush=True)
     for problem in verdict["problems"]:
         print(f"{PREFIX} {problem}", flush=True)
+    for line in late_lines(verdict):
+        print(line, flush=True)
     if verdict["ok"]:
         skew = verdict["skew_s"]
         print(f"{PREFIX} {len(verdict['nodes'])} nodes passed" + (f" (clocks within {skew:.2f} s)" if skew is not None

@@ -15,7 +15,10 @@ Checks (each {"name", "ok", "skipped", "detail"}):
                   the job's NCCL environment against this node's sysfs, by lingjun-health
                   --only ... --no-drain --json with the network profile's thresholds;
   shared-workdir, shared-checkpoint-dir
-                  a token written into <dir>/.preflight-<job>.<restart>/ is read by every node;
+                  a token written into <dir>/.preflight-<job>.<restart>/ as the task's first act
+                  (its container has started by then) is read by every node; each node reads the
+                  others' for the window (share timeout) after its own and records when it stopped,
+                  so the judge measures a miss from the writer's start, not the reader's;
   free-space      room in the checkpoint directory for min_checkpoints checkpoints;
   clock           measurements for the judge (see `clock` below); judged there.
 
@@ -183,14 +186,14 @@ def _write_token(path: str, doc: dict) -> Dict[str, float]:
     return {"before": before, "after": after, "mtime": mtime}
 
 
-def probe_shared(dirs: Dict[str, str], me: str, others: List[str], job: str, restart: str,
-                 timeout: float) -> Dict[str, Dict[str, Any]]:
-    """Write this node's token into each dir, then wait (at most TIMEOUT s) for every other node's."""
+def write_tokens(dirs: Dict[str, str], me: str, job: str, restart: str) -> Dict[str, Dict[str, Any]]:
+    """This node's token into each dir: the task's first act, so that the others' wait for it is
+    measured from when this task started (after its container started), not from when theirs did."""
     sub = token_dir_name(job, restart)
     state: Dict[str, Dict[str, Any]] = {}
     for label, path in dirs.items():
         entry: Dict[str, Any] = {"path": path, "probe_dir": os.path.join(path, sub), "written": False,
-                                 "seen": {}, "missing": list(others), "error": None}
+                                 "seen": {}, "missing": [], "error": None}
         state[label] = entry
         try:
             os.makedirs(entry["probe_dir"], exist_ok=True)
@@ -198,15 +201,33 @@ def probe_shared(dirs: Dict[str, str], me: str, others: List[str], job: str, res
             doc = {"node": me, "job": job, "restart": restart, "host": socket.gethostname(), "pid": os.getpid(),
                    "written_at": written_at}
             entry["clock"] = _write_token(os.path.join(entry["probe_dir"], file_name(me, ".token")), doc)
+            entry["written_at"] = written_at
             entry["written"] = True
         except OSError as exc:
             entry["error"] = f"cannot write a token into {path}: {exc.strerror or exc}"
-    deadline = time.monotonic() + timeout
+    return state
+
+
+def wait_tokens(state: Dict[str, Dict[str, Any]], others: List[str], job: str, restart: str,
+                timeout: float, deadline: Optional[float] = None) -> Dict[str, Dict[str, Any]]:
+    """Poll each dir for every other node's token until all are read or the window (TIMEOUT s after
+    this node wrote its own; DEADLINE, a time.monotonic(), when given) has passed.
+
+    The last poll starts at or after the window's end, and each dir records when it did
+    (`waited_until`, this node's clock): the judge counts a token this node did not read against
+    the sharing of the directory only when it was written at least TIMEOUT s before that
+    (judge.shared_verdict); a peer whose task started later is judged on its own reading."""
+    if deadline is None:
+        deadline = time.monotonic() + timeout
+    for entry in state.values():
+        entry["missing"] = list(others)
     while True:
         pending = False
+        polled_at, polled_mono = time.time(), time.monotonic()
         for entry in state.values():
             if not entry["written"]:
                 continue
+            entry["waited_until"] = polled_at
             try:
                 names = set(os.listdir(entry["probe_dir"]))  # a readdir revalidates NFS's cached lookups
             except OSError:
@@ -225,12 +246,19 @@ def probe_shared(dirs: Dict[str, str], me: str, others: List[str], job: str, res
                 entry["seen"][other] = {"seen_at": time.time(), "written_at": tok.get("written_at")}
                 entry["missing"].remove(other)
             pending = pending or bool(entry["missing"])
-        if not pending or time.monotonic() >= deadline:
+        if not pending or polled_mono >= deadline:
             break
-        time.sleep(POLL_S)
+        time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic()) + 0.001))
     for entry in state.values():
         entry["all_seen_at"] = time.time() if entry["written"] and not entry["missing"] else None
     return state
+
+
+def probe_shared(dirs: Dict[str, str], me: str, others: List[str], job: str, restart: str,
+                 timeout: float) -> Dict[str, Dict[str, Any]]:
+    """Write this node's token into each dir, then wait (at most TIMEOUT s) for every other node's."""
+    state = write_tokens(dirs, me, job, restart)
+    return wait_tokens(state, others, job, restart, timeout)
 
 
 def shared_checks(state: Dict[str, Dict[str, Any]], timeout: float) -> List[Dict[str, Any]]:
@@ -241,7 +269,8 @@ def shared_checks(state: Dict[str, Dict[str, Any]], timeout: float) -> List[Dict
             out.append(_check(name, False, entry["error"]))
         elif entry["missing"]:
             out.append(_check(name, False, f"{entry['path']}: no token from {', '.join(entry['missing'])} within "
-                                           f"{timeout:g} s (not the same directory there, or their task did not start)"))
+                                           f"{timeout:g} s of writing its own (not the same directory there, or "
+                                           f"their task started later or not at all: preflight-judge decides)"))
         else:
             out.append(_check(name, True, f"{entry['path']}: tokens of {len(entry['seen'])} other nodes read"))
     return out
@@ -332,23 +361,31 @@ def main(plan: dict, out: Path, env: Optional[Dict[str, str]] = None) -> int:
         finally:
             timings[name] = round(time.monotonic() - t, 3)
 
+    ckpt = plan.get("checkpoint_dir") or os.path.join(plan.get("workdir") or ".", "checkpoints")
+    dirs = {"workdir": plan.get("workdir") or "", "checkpoint_dir": ckpt}
+    dirs = {label: path for label, path in dirs.items() if path}
+    # The tokens first: this task starts only once its container has (pyxis/enroot unpack the
+    # image before the task runs: minutes for a large image, and not at the same time on every
+    # node), and the other nodes' wait for this node's token is judged from when it was written.
+    state = timed("tokens", write_tokens, dirs, node, job, restart)
+    deadline = time.monotonic() + timeout
     checks.append(timed("gpu-count", check_gpus, gpus, root, env))
     try:
         checks += timed("nccl", check_nccl, plan, gpus, node, root, env)
     except ValueError as exc:
         checks += [_check(c, False, str(exc)) for c in NCCL_CHECKS]
-    ckpt = plan.get("checkpoint_dir") or os.path.join(plan.get("workdir") or ".", "checkpoints")
-    dirs = {"workdir": plan.get("workdir") or "", "checkpoint_dir": ckpt}
-    dirs = {label: path for label, path in dirs.items() if path}
-    state = timed("shared", probe_shared, dirs, node, others, job, restart, timeout)
+    free = timed("free-space", check_free_space, plan, ckpt)
+    state = timed("shared", wait_tokens, state, others, job, restart, timeout, deadline)
     checks += shared_checks(state, timeout)
-    checks.append(timed("free-space", check_free_space, plan, ckpt))
+    checks.append(free)
     clock = clock_record(state)
     checks.append(_check("clock", True, "measured; judged across the nodes by preflight-judge", skipped=not clock))
     report = {"schema": SCHEMA, "node": node, "host": socket.gethostname(), "job": job, "restart": restart,
               "procid": env.get("SLURM_PROCID"), "nodes": nodes, "checks": checks,
               "shared": {label: {"path": e["path"], "written": e["written"], "error": e["error"],
-                                 "seen": sorted(e["seen"]), "missing": e["missing"]} for label, e in state.items()},
+                                 "seen": sorted(e["seen"]), "missing": e["missing"],
+                                 "written_at": e.get("written_at"), "waited_until": e.get("waited_until"),
+                                 "timeout_s": timeout} for label, e in state.items()},
               "clock": clock, "started_at": started, "timings": timings}
     report["timings"]["total"] = round(time.time() - started, 3)
     out.mkdir(parents=True, exist_ok=True)

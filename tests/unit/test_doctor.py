@@ -242,3 +242,16 @@ def test_cli_errors_are_one_line_with_the_cli_exit_codes(tmp_path: Path, capsys:
     assert code == 1 and err.strip() == ("sbatch is not on the PATH of this machine: doctor submits a Slurm job; "
                                          "use --host [USER@]HOST or --cluster NAME")
     assert not (tmp_path / "runs").exists()
+
+
+def test_doctor_shows_a_late_node_that_passed_as_the_judge_prints_it() -> None:
+    """A node whose container started late (verdict["late"], preflight/judge.py) and passed gets
+    the judge's line in doctor's output too; a late node that failed shows only its failure."""
+    from lingjun_slurm.doctor import verdict_lines
+
+    lines = verdict_lines({"ok": True, "nodes": ["n1", "n2"], "bad_nodes": {}, "problems": [],
+                           "late": {"n2": 90.0}, "skew_s": 0.1})
+    assert any("node n2 started 90 s after the first node" in line for line in lines), lines
+    lines = verdict_lines({"ok": False, "nodes": ["n1", "n2"], "bad_nodes": {"n2": "shared-dir: x"},
+                           "problems": [], "late": {"n2": 90.0}})
+    assert not any("started 90 s" in line for line in lines), lines

@@ -91,14 +91,15 @@ def test_cpu_bind_profile_needs_whole_nodes(tmp_path: Path, capsys) -> None:
 
 
 def test_image_stage_resources_ignore_the_training_defaults(tmp_path: Path) -> None:
-    """cluster.defaults' mem and cpus are for the GPU nodes: the image job on the CPU partition takes neither."""
+    """The image job runs on the train stage's partition (its architecture, its registry
+    credentials) with its own size, not cluster.defaults' mem and cpus (docs/images.md)."""
     text = (REPO / "examples" / "megatron-gpt.yaml").read_text().replace(
         '    partition: lingjun\n', '    partition: lingjun\n    mem: 1800G\n    cpus_per_task: 12\n')
     path = tmp_path / "spec.yaml"
     path.write_text(text)
     opts = dict(build_plan(load_spec(path).spec).stage("image").sbatch)
-    assert opts["partition"] == "cpu" and opts["cpus-per-task"] == "2" and "mem" not in opts
-    assert opts["time"] == "01:00:00"
+    assert opts["partition"] == "lingjun" and opts["cpus-per-task"] == "16" and opts["mem"] == "32768M"
+    assert opts["time"] == "03:00:00"
 
 
 def test_staging_needs_the_shipped_code(tmp_path: Path, capsys) -> None:

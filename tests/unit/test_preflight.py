@@ -467,3 +467,76 @@ def test_the_package_imports_only_the_standard_library() -> None:
             "bad = [m for m in ('pydantic', 'yaml', 'torch', 'click', 'numpy') if m in sys.modules]; print(bad)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert proc.stdout.strip() == "[]"
+
+
+# ------------------------------------------------------------------ a node whose container starts late
+def run_nodes_late(n: Node, tmp: Path, names: list[str], plans: dict[str, dict], late: dict[str, float],
+                   **extra: str) -> Path:
+    """Like run_nodes, but the task of each node in LATE starts that many seconds after the others:
+    pyxis/enroot unpack the image on each node before the task runs, minutes for a large image,
+    not at the same time everywhere."""
+    out = tmp / "out"
+    procs, t0 = [], time.monotonic()
+    for name in sorted(names, key=lambda x: late.get(x, 0.0)):
+        time.sleep(max(0.0, late.get(name, 0.0) - (time.monotonic() - t0)))
+        plan_file = tmp / f"plan-{name}.json"
+        plan_file.write_text(json.dumps(plans[name]))
+        procs.append(spawn(n, plan_file, out, name, " ".join(names), **extra))
+    for p in procs:
+        text, _ = p.communicate(timeout=90)
+        assert p.returncode == 0, text
+    return out
+
+
+def test_a_node_whose_container_starts_late_is_not_excluded(h100: Node, tmp_path: Path) -> None:
+    """n3's task starts 6 s after n1's and n2's, past their 3 s window (a 20 GB image unpacking
+    90 s later than on the others, scaled down): they stopped waiting before its token was
+    written, and it read theirs at once. Its directory is shared: not excluded."""
+    plan = make_plan(tmp_path)
+    names = ["n1", "n2", "n3"]
+    out = run_nodes_late(h100, tmp_path, names, {n: plan for n in names}, {"n3": 6.0})
+    n1 = json.loads((out / "n1.json").read_text())
+    assert not check(n1, "shared-workdir")[0]["ok"]  # n1 alone cannot tell late from elsewhere
+    rc, lines, verdict = run_judge(plan, out, names, tmp_path)
+    assert rc == 0 and verdict["bad_nodes"] == {} and verdict["problems"] == [], lines
+    assert 5 <= verdict["late"]["n3"] < 30
+    assert "node n3 started " in lines and "judged on its own reading of theirs" in lines
+
+
+def test_a_late_node_that_does_not_share_is_still_excluded(h100: Node, tmp_path: Path) -> None:
+    plan = make_plan(tmp_path)
+    lonely = make_plan(tmp_path, workdir=tmp_path / "n3-local" / "work")
+    lonely["checkpoint_dir"] = plan["checkpoint_dir"]
+    names = ["n1", "n2", "n3"]
+    out = run_nodes_late(h100, tmp_path, names, {"n1": plan, "n2": plan, "n3": lonely}, {"n3": 6.0})
+    rc, lines, verdict = run_judge(plan, out, names, tmp_path)
+    assert rc == 1 and list(verdict["bad_nodes"]) == ["n3"], lines
+    assert verdict["bad_nodes"]["n3"].startswith(f"workdir {plan['workdir']} is not the directory the other 2 nodes "
+                                                 f"share (it read the tokens of none of them")
+
+
+def timed_report(name: str, seen: list[str], written: float, until: float, window: float = 60.0) -> dict:
+    doc = report(name, seen=seen)
+    for entry in doc["shared"].values():
+        entry.update(written_at=written, waited_until=until, timeout_s=window)
+    return doc
+
+
+def test_the_judge_measures_each_miss_from_the_peer_s_start(tmp_path: Path) -> None:
+    """Reports as the nodes write them, 60 s window: c's container started 90 s after a's and b's."""
+    early = [timed_report("a", ["b"], 1000.0, 1060.0), timed_report("b", ["a"], 1000.2, 1060.2)]
+    v = verdict_of(tmp_path, early + [timed_report("c", ["a", "b"], 1090.0, 1090.3)])
+    assert v["exit"] == 0 and v["bad_nodes"] == {} and v["late"] == {"c": 90.0}
+    # late and not sharing: it had a's and b's tokens for its whole window and read none
+    v = verdict_of(tmp_path, early + [timed_report("c", [], 1090.0, 1150.0)])
+    assert v["exit"] == 1 and list(v["bad_nodes"]) == ["c"]
+    # on time and not sharing: both sides had a full window
+    v = verdict_of(tmp_path, early + [timed_report("c", [], 1000.1, 1060.1)])
+    assert v["exit"] == 1 and list(v["bad_nodes"]) == ["c"] and v["late"] == {}
+    # 30 s late: a and b still had 30 s of their window, not a full one; c read theirs
+    v = verdict_of(tmp_path, early + [timed_report("c", ["a", "b"], 1030.0, 1030.2)])
+    assert v["exit"] == 0 and v["bad_nodes"] == {}
+    # a report without the timing fields (an older lingjun_slurm in the image): every miss counts
+    old = report("c", seen=["a", "b"])
+    v = verdict_of(tmp_path, early + [old])
+    assert v["exit"] == 1 and list(v["bad_nodes"]) == ["c"]
