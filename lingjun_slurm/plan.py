@@ -234,25 +234,88 @@ def container_plan(spec: Spec, run_id: str, pyxis: bool) -> ContainerPlan:
 
 
 def image_resources(spec: Spec) -> StageResources:
-    """One task of 2 CPUs (enroot import, mksquashfs), one hour, on the CPU partition when the chain
-    has one (the first CPU-only built-in stage's), else cluster.defaults'; cluster.stages.image
-    sets any of them. cluster.defaults' mem and cpus are not taken: they are sized for the
-    training nodes."""
+    """Where the image stage runs and with what (docs/images.md, "Resources"; docs/admin-guide.md).
+
+    Partition: cluster.stages.image.partition, else the train stage's (when train is skipped,
+    the first active built-in's, else the first container command's), else cluster.defaults'.
+    The import must run where the train stage's image is valid: the same CPU architecture (the registry digest and the
+    layers are per architecture: a CPU partition of another architecture, e.g. x86 login-class
+    nodes beside arm64 GB200/GB300 GPU nodes, imports the wrong image), and enroot's registry
+    credentials, which cluster-init writes on execute-spec nodes only (cluster_init/.../lib/
+    roles.sh lj_role_execute -> lib/enroot.sh lj_enroot_credentials, given to each job's user by
+    the prolog enroot-credentials-prolog.sh).
+
+    Size (cluster.stages.image.cpus_per_task / mem / time override each): enroot's import
+    (src/docker.sh, v4.1.2) downloads ENROOT_MAX_CONNECTIONS (10) layers at once, each through
+    gunzip | zstd (:187, :110-115), extracts them with `parallel -j ENROOT_MAX_PROCESSORS`
+    (:316) and squashes with `mksquashfs -processors ENROOT_MAX_PROCESSORS` (:485);
+    ENROOT_MAX_PROCESSORS defaults to $(nproc) (enroot.in:89), the job's CPUs. So cpus_default
+    CPUs, but never more than one train node is known to have (its tasks x cpus_per_task: the
+    train job asks that much of every node of this partition). Memory: what it holds is the page cache
+    of the extracted tree and the squashfs being written (the image's unpacked size, 20-40 GB
+    for an NGC PyTorch image; cgroup memory counts it), so mem_per_cpu_mib per CPU, capped by the
+    train stage's own --mem when it sets one. Temporary space is ENROOT_TEMP_PATH (node-local
+    scratch, cluster-init), not memory. Time: time_default_s (a cold 20 GB import is minutes to
+    tens of minutes; the stage's own lock wait for a concurrent run's import counts too)."""
+    cpus_default = 16  # parallel extraction and mksquashfs threads; more gains little past the disk
+    mem_per_cpu_mib = 2048  # 16 CPUs -> 32 GiB
+    time_default_s = 3 * 3600
+
+    def mem_mib(mem: str) -> int | None:
+        """A Slurm --mem value (a number, an optional K/M/G/T suffix, M by default) in MiB; 0: none."""
+        import re
+
+        got = re.fullmatch(r"(\d+)([KMGT]?)", str(mem).strip(), re.I)
+        if not got:
+            return None
+        n, unit = int(got.group(1)), got.group(2).upper() or "M"
+        return {"K": n // 1024, "M": n, "G": n * 1024, "T": n * 1024 * 1024}[unit] or None
+
     own = spec.cluster.stages.get("image") or Resources()
-    partition = own.partition
-    if partition is None:
-        for name in active_builtins(spec):
-            if name != "train" and not builtin_resources(spec, name).gpus_per_node:
-                partition = builtin_resources(spec, name).partition
-                break
-    partition = partition or spec.cluster.defaults.partition
-    time_s = parse_time(own.time) if own.time is not None else 3600
-    return StageResources(partition, 1, 1, 0, own.cpus_per_task or 2, own.mem, time_s, False)
+    active = active_builtins(spec)
+    boxed = [c for c in spec.stages.commands if c.container]
+    if "train" in active or not (active or boxed):
+        host = builtin_resources(spec, "train")
+    elif active:
+        host = builtin_resources(spec, active[0])
+    else:  # a chain of container commands: where the first of them runs
+        host = command_resources(spec, boxed[0])
+    partition = own.partition or host.partition or spec.cluster.defaults.partition
+    cpus = own.cpus_per_task
+    if cpus is None:
+        # CPUs every node of that partition is known to have: the stage asks them of each node
+        cpus = max(1, min(cpus_default, host.tasks_per_node * (host.cpus_per_task or 1)))
+    mem = own.mem
+    if mem is None:
+        mib = cpus * mem_per_cpu_mib
+        cap = mem_mib(host.mem) if host.mem else None
+        mem = f"{min(mib, cap) if cap else mib}M"
+    time_s = parse_time(own.time) if own.time is not None else time_default_s
+    return StageResources(partition, 1, 1, 0, cpus, mem, time_s, False)
+
+
+def step_cpus(res: StageResources) -> int | None:
+    """CPUs per task that each srun of the stage must ask for itself, or None (1, as sbatch's).
+
+    `#SBATCH --cpus-per-task` sizes the job, not its steps: Slurm 22.05 and 23.02's srun do not
+    read SLURM_CPUS_PER_TASK (22.05 RELEASE_NOTES: "srun will no longer read in
+    SLURM_CPUS_PER_TASK"; src/srun/libsrun/opt.c:542 in 22.05 and src/srun/opt.c:548 in 23.02
+    map only SRUN_CPUS_PER_TASK to -c), 23.11 to 25.11 read SLURM_CPUS_PER_TASK again and not
+    SRUN_CPUS_PER_TASK (src/srun/opt.c:547 in 23.11, :556 in 25.11). A bare srun then asks for 1
+    CPU per task, and where tasks are bound (TaskPluginParam=autobind=cores, --cpu-bind=cores)
+    each task runs on one core. `-c N` works in every release (doc/man/man1/srun.1: "Explicitly
+    requesting this option implies --exact"; the step still gets the job's memory).
+    docs/slurm-versions.md, "CPUs per task reach every step"
+    (`cluster.sbatch_extra` cannot set cpus-per-task; its `cpus-per-gpu` reaches srun through
+    SLURM_CPUS_PER_GPU, which srun reads in 22.05 to 25.11: opt.c:545 in 22.05.)"""
+    return res.cpus_per_task or None
 
 
 def _launcher(spec: Spec, st_kind: str, names: list[str], use_container: bool,
-              cplan: ContainerPlan | None = None) -> tuple[Word, ...]:
+              cplan: ContainerPlan | None = None, cpus: int | None = None) -> tuple[Word, ...]:
     words: list[Word] = ["srun"]
+    if cpus:
+        words.append(f"--cpus-per-task={cpus}")
     if st_kind == "train":
         words.append("--kill-on-bad-exit=1")
         if spec.training.cpu_bind:
@@ -454,7 +517,8 @@ def build_plan(spec: Spec, *, run_id: str | None = None, spec_sha256: str = "", 
             ["LINGJUN_STACKS_DIR", "LINGJUN_NODES"] if kind == "train" else []) + (
             ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] if kind == "train" and res.gpus_per_node and
             spec.training.hang_timeout else [])
-        launcher = (_launcher(spec, kind, sorted(names), use_container, cplan) if executor == "slurm"
+        launcher = (_launcher(spec, kind, sorted(names), use_container, cplan, step_cpus(res))
+                    if executor == "slurm"
                     else local_launcher(res, kind))
         if kind == "train":
             vars_ = {**vars_, "faults": fault_vars(spec, res, executor, launcher, logs, job_name)}
