@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from .devcluster import DEFAULT_ROOT, DevCluster, DevClusterConfig
+from .devcluster import DEFAULT_ROOT, TASK_BINDINGS, DevCluster, DevClusterConfig
 
 _ROOT = click.option("--root", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_ROOT,
                      show_default=True, help="State directory (configs, logs, spool, PIDs).")
@@ -21,7 +21,8 @@ def dev_cluster() -> None:
     """A real single-host Slurm cluster on 127.0.0.1 (needs root and Debian's slurm packages).
 
     node1..nodeN run as separate slurmd on one machine; partitions `cpu` (default) and `gpu`
-    (fake GPU gres). Point Slurm's commands at it with `source ROOT/env.sh`.
+    (fake GPU gres). Configured like a CycleCloud cluster (cgroups, CR_Core_Memory, PrologFlags=alloc;
+    docs/dev-cluster.md). Point Slurm's commands at it with `source ROOT/env.sh`.
     """
 
 
@@ -34,17 +35,27 @@ def dev_cluster() -> None:
               help="Also run MariaDB + slurmdbd so sacct works (adds ~4 s).")
 @click.option("--base-port", type=click.IntRange(1024, 65235), default=6817, show_default=True,
               help="slurmctld port; slurmdbd +2, MariaDB +3, slurmd +200..")
+@click.option("--cgroups/--no-cgroups", default=True, show_default=True,
+              help="proctrack/cgroup + task/cgroup confining cores, memory and GPUs, as in production "
+                   "(needs cgroup v1 mounted read-write); --no-cgroups: proctrack/linuxproc, nothing confined.")
+@click.option("--task-binding", type=click.Choice(TASK_BINDINGS), default=None,
+              help="TaskPluginParam=autobind=VALUE, as on sites that pin tasks (default: Slurm's auto binding).")
+@click.option("--fast-timers", is_flag=True,
+              help="KillWait=5, cred_expire=5 (requeue), sched_interval=2 instead of Slurm's 30, 120, 60.")
 @click.option("--timeout", type=float, default=60.0, show_default=True, help="Seconds to wait for start-up.")
 @_ROOT
-def up(nodes: int, cpus_per_node: int, gpus_per_node: int, accounting: bool, base_port: int,
-       timeout: float, root: Path) -> None:
+def up(nodes: int, cpus_per_node: int, gpus_per_node: int, accounting: bool, base_port: int, cgroups: bool,
+       task_binding: str | None, fast_timers: bool, timeout: float, root: Path) -> None:
     """Start the cluster from an empty state directory (a no-op if it is already up)."""
     cluster = DevCluster(DevClusterConfig(root=root, nodes=nodes, cpus_per_node=cpus_per_node,
                                           gpus_per_node=gpus_per_node, accounting=accounting,
-                                          base_port=base_port))
+                                          base_port=base_port, cgroups=cgroups, task_binding=task_binding,
+                                          fast_timers=fast_timers))
     cluster.up(timeout=timeout)
     click.echo(f"dev cluster up: {nodes} nodes, partitions cpu (default) and gpu "
-               f"(gpu:{gpus_per_node} per node), accounting {'on' if accounting else 'off'}")
+               f"(gpu:{gpus_per_node} per node), accounting {'on' if accounting else 'off'}, "
+               f"cgroups {'on' if cgroups else 'off'}, task binding {task_binding or 'auto'}, "
+               f"job ids from {cluster.config.first_job_id}")
     click.echo(f"logs: {cluster.log_dir}")
     click.echo("point Slurm's commands at it with:")
     click.echo(f"  source {cluster.env_file()}")

@@ -5,6 +5,12 @@ per node (node1..nodeN, each on its own port) run from one state directory, each
 foreground of its own session, so their PIDs are known exactly; they are stopped by those PIDs
 (checked against /proc start times), never by name. Needs root (SlurmUser=root) and Debian's
 slurmctld slurmd slurm-client munge (+ slurmdbd mariadb-server). Stdlib only; docs/dev-cluster.md.
+
+Configured like production by default: the settings of cyclecloud-slurm's
+azure-slurm-install/templates/slurm.conf.template and cgroup.conf.template (github
+Azure/cyclecloud-slurm @049346f6b1cee4db11fd6a6166a58e32f5d006f5) that can run on one host:
+proctrack/cgroup, task/affinity,task/cgroup, ConstrainCores/RAMSpace/Devices, CR_Core_Memory,
+DefMemPerCPU, PrologFlags=alloc. docs/dev-cluster.md lists every setting and its source.
 """
 
 from __future__ import annotations
@@ -27,6 +33,50 @@ DEFAULT_ROOT = Path("/tmp/lingjun-devcluster")
 MARKER = ".lingjun-devcluster"  # only a directory holding this (or an empty one) is ever wiped
 DB_PASSWORD = "lingjun-dev"  # a throw-away MariaDB listening on 127.0.0.1 only
 ACTIVE = ("", "PENDING", "CONFIGURING", "RUNNING", "COMPLETING")
+# Job ids start at base_port * JOB_ID_BLOCK (FirstJobId): Slurm 22.05's cgroup/v1 names a job's
+# cgroup CONTROLLER/slurm_<NodeName>/uid_<uid>/job_<id> (src/common/cgroup.c:338 prepend
+# "/slurm_%n" with MULTIPLE_SLURMD; src/plugins/cgroup/v1/xcgroup.c:423-497), so two clusters on
+# one host, both with node1, would share a job's cgroup if their job ids met. Distinct base ports
+# give distinct id blocks (a cluster must submit JOB_ID_BLOCK x port gap jobs to reach the next's).
+JOB_ID_BLOCK = 1000
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+# The v1 controllers Slurm 22.05 uses: freezer (proctrack/cgroup), cpuset (ConstrainCores),
+# memory (ConstrainRAMSpace), devices (ConstrainDevices), cpuacct (jobacct_gather/cgroup only);
+# src/plugins/cgroup/v1/cgroup_v1.c g_cg_name.
+CGROUP_CONTROLLERS = ("freezer", "cpuset", "memory", "devices", "cpuacct")
+NEEDED_CONTROLLERS = ("freezer", "cpuset", "memory", "devices")
+TASK_BINDINGS = ("cores", "threads", "sockets")  # TaskPluginParam=autobind=..., slurm.conf(5) 22.05
+# Fake GPUs: character devices with NVIDIA's major (195, /dev/nvidiaN, Linux devices.txt) and minor
+# N, as gres.conf File= on a GPU node. Not /dev/null's 1:3: with ConstrainDevices, Slurm denies
+# an unallocated GPU by its major:minor (task/cgroup), which would deny /dev/null in the job.
+FAKE_GPU_MAJOR = 195
+
+
+def cgroup_problem(root: Path = CGROUP_ROOT) -> str | None:
+    """Why this host cannot run the cgroup settings, or None: Slurm 22.05's cgroup/v1 needs the
+    v1 controllers mounted read-write at /sys/fs/cgroup/<name> (xcgroup.c xcgroup_ns_is_available
+    reads <mount>/tasks). cgroup v2 (unified) hosts are not supported by the dev cluster."""
+    if (root / "cgroup.controllers").exists():
+        return f"{root} is cgroup v2 (unified); the dev cluster's cgroup settings need cgroup v1"
+    for name in NEEDED_CONTROLLERS:
+        path = root / name
+        if not (path / "tasks").exists():
+            return f"cgroup v1 controller {name} is not mounted at {path}"
+        try:
+            readonly = bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+        except OSError as exc:
+            return f"cannot stat {path}: {exc}"
+        if readonly or not os.access(path, os.W_OK):
+            return f"cgroup v1 controller {name} at {path} is read-only"
+    return None
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (what binding and cpusets can use)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 class DevClusterError(LingjunError):
@@ -45,7 +95,10 @@ class DevClusterConfig:
     accounting: bool = False
     cluster_name: str = "lingjun-dev"
     base_port: int = 6817
-    memory_mb_per_node: int = 16000  # RealMemory: checked against --mem, never enforced
+    # RealMemory; DefMemPerCPU = memory_mb_per_node // cpus_per_node per partition, as
+    # cyclecloud-slurm's azure-slurm/slurmcc/cli.py _partitions (def_mem_per_cpu = memory // cpus).
+    # With cgroups, a job's memory cgroup is limited to what it was allocated (ConstrainRAMSpace).
+    memory_mb_per_node: int = 16000
     # Nodes after node1..nodeN that are only in partition extra_partition, together with nodeN:
     # kept out of cpu/gpu so a test may drain one without disturbing other tests' jobs.
     extra_nodes: int = 0
@@ -53,6 +106,18 @@ class DevClusterConfig:
     # Seconds slurmctld waits for an unresponsive slurmd before it marks the node DOWN and fails its
     # jobs (SlurmdTimeout, slurm.conf; Slurm's default 300): the fault bench loses nodes on purpose.
     slurmd_timeout: int = 300
+    # Production-like process tracking and confinement (cyclecloud-slurm): proctrack/cgroup,
+    # TaskPlugin=task/affinity,task/cgroup and cgroup.conf ConstrainCores/RAMSpace/Devices; needs
+    # cgroup v1 mounted read-write (cgroup_problem()). False: proctrack/linuxproc and task/affinity
+    # alone (tasks are bound, nothing is confined) for hosts without writable cgroups.
+    cgroups: bool = True
+    # TaskPluginParam=autobind=<this> (cores, threads or sockets) as on sites that pin tasks; None:
+    # Slurm's default (auto binding only when the step's CPUs match its tasks exactly).
+    task_binding: str | None = None
+    # Test-speed timers instead of Slurm's defaults (which cyclecloud-slurm keeps): KillWait=5
+    # (30), cred_expire=5 (120: a requeued job waits that long), sched_interval=2 (60),
+    # bf_interval=2 (30), batch_sched_delay=0 (3).
+    fast_timers: bool = False
 
     def __post_init__(self) -> None:
         self.root = Path(self.root).absolute()
@@ -68,6 +133,20 @@ class DevClusterConfig:
             raise DevClusterError(f"slurmd_timeout must be 5..65533 s, got {self.slurmd_timeout}")
         if not 1024 <= self.base_port <= 65235:
             raise DevClusterError(f"base_port must be 1024..65235, got {self.base_port}")
+        if self.task_binding is not None and self.task_binding not in TASK_BINDINGS:
+            raise DevClusterError(f"task_binding must be one of {', '.join(TASK_BINDINGS)} or None, "
+                                  f"got {self.task_binding!r}")
+        if not 256 <= self.memory_mb_per_node <= 1 << 24:
+            raise DevClusterError(f"memory_mb_per_node must be 256..{1 << 24}, got {self.memory_mb_per_node}")
+
+    @property
+    def first_job_id(self) -> int:
+        """FirstJobId: a block of job ids of its own per base port (see JOB_ID_BLOCK)."""
+        return self.base_port * JOB_ID_BLOCK
+
+    @property
+    def def_mem_per_cpu(self) -> int:
+        return self.memory_mb_per_node // self.cpus_per_node
 
     def slurmd_port(self, i: int) -> int:
         """Port of node i (1-based)."""
@@ -181,6 +260,7 @@ class DevCluster:
         if os.geteuid() != 0:
             raise DevClusterError("the dev cluster needs root (its daemons run with SlurmUser=root)")
         self._check_binaries()
+        self._check_host()
         busy = self.ports_in_use()
         if busy:
             who = ", ".join(f"{p} ({self.config.ports()[p]})" for p in busy)
@@ -197,10 +277,12 @@ class DevCluster:
 
     def down(self) -> None:
         """Cancel every job, then SIGTERM the recorded daemons (slurmctld and all slurmd at once,
-        then slurmdbd, then MariaDB and munged), SIGKILL stragglers. Idempotent."""
+        then slurmdbd, then MariaDB and munged), SIGKILL stragglers, then remove the cluster's
+        cgroups (_clean_cgroups). Idempotent."""
         live = {name: d for name, d in self._load_state().items() if _alive(d)}
+        jobs: set[int] = set()
         if "slurmctld" in live:
-            self._cancel_jobs()
+            jobs = self._cancel_jobs()
         phases = [[n for n in live if n.startswith("slurmd-") or n == "slurmctld"], ["slurmdbd"],
                   [n for n in live if n in ("mariadbd", "munged")]]
         for phase in phases:
@@ -211,7 +293,8 @@ class DevCluster:
                 end = time.monotonic() + wait
                 while any(map(_alive, group)) and time.monotonic() < end:
                     time.sleep(0.05)
-        self._kill_orphan_steps()
+        jobs |= self._kill_orphan_steps()
+        self._clean_cgroups(jobs)
         for proc in self._procs:  # reap the children this object started
             try:
                 proc.wait(timeout=1)
@@ -280,6 +363,20 @@ class DevCluster:
             raise DevClusterError(f"missing programs: {', '.join(missing)}; install the Debian packages "
                                   f"slurmctld slurmd slurm-client munge{extra}")
 
+    def _check_host(self) -> None:
+        c = self.config
+        if c.cgroups:
+            problem = cgroup_problem()
+            if problem:
+                raise DevClusterError(f"{problem}: the production-like cgroup settings cannot run here; "
+                                      "start without them (--no-cgroups, DevClusterConfig(cgroups=False))")
+        cpus = usable_cpus()
+        if (c.cgroups or c.task_binding) and c.cpus_per_node > cpus:
+            # Slurm maps a job's abstract CPUs onto the real ones (xcpuinfo_abs_to_mac): CPUs beyond
+            # the real cores cannot be bound or put in a cpuset.
+            raise DevClusterError(f"cpus_per_node={c.cpus_per_node} exceeds the {cpus} CPUs of this host: "
+                                  "with cgroups or task binding each node must have at most the real CPUs")
+
     def _wipe_root(self) -> None:
         root = self.root
         if root.exists() and any(root.iterdir()) and not (root / MARKER).exists():
@@ -290,7 +387,8 @@ class DevCluster:
                                       "would be inaccessible: choose a root under /tmp")
         if root.exists():
             shutil.rmtree(root)
-        for sub in ("", "log", "run", "munge", "dev", "spool/ctld", *(f"spool/{n}" for n in self.config.node_names)):
+        for sub in ("", "log", "run", "munge", "dev", "prolog.d", "epilog.d", "spool/ctld",
+                    *(f"spool/{n}" for n in self.config.node_names)):
             (root / sub).mkdir(parents=True, exist_ok=True)
             os.chmod(root / sub, 0o755)
         (root / MARKER).write_text("state directory of `lingjun-slurm dev-cluster`; wiped by every `up`\n")
@@ -300,9 +398,19 @@ class DevCluster:
         key = root / "munge" / "munge.key"
         key.write_bytes(os.urandom(1024))
         os.chmod(key, 0o600)
-        for i in range(c.gpus_per_node):  # gres needs character devices: these are /dev/null's
-            os.mknod(root / "dev" / f"gpu{i}", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        for i in range(c.gpus_per_node):  # gres needs character devices: see FAKE_GPU_MAJOR
+            os.mknod(root / "dev" / f"gpu{i}", 0o666 | stat.S_IFCHR, os.makedev(FAKE_GPU_MAJOR, i))
+        # Prolog/Epilog are globs over prolog.d/epilog.d as in cyclecloud-slurm, where those always
+        # hold scripts (install.py installs 90-imex_prolog.sh/90-imex_epilog.sh). Slurm 22.05 fails
+        # the job and drains the node when a glob matches nothing ("prolog: Unable to create list
+        # of paths"): each gets one script that does nothing.
+        for kind in ("prolog", "epilog"):
+            script = root / f"{kind}.d" / f"00-dev-cluster-{kind}.sh"
+            script.write_text(f"#!/bin/sh\n# {kind} of the dev cluster: nothing to do (docs/dev-cluster.md)\nexit 0\n")
+            os.chmod(script, 0o755)
         self.slurm_conf.write_text(self._slurm_conf())
+        if c.cgroups:  # beside slurm.conf, where Slurm looks for it (get_extra_conf_path)
+            (root / "cgroup.conf").write_text(self._cgroup_conf())
         gres = "AutoDetect=off\n"
         if c.gpus_per_node:
             files = "gpu0" if c.gpus_per_node == 1 else f"gpu[0-{c.gpus_per_node - 1}]"
@@ -320,38 +428,66 @@ class DevCluster:
             os.chmod(dbd, 0o600)
         self.env_file()
 
+    def _cgroup_conf(self) -> str:
+        """cyclecloud-slurm azure-slurm-install/templates/cgroup.conf.template @049346f6:
+        ConstrainCores, ConstrainRamSpace, ConstrainDevices = yes (ConstrainSwapSpace commented
+        out there). CgroupPlugin is pinned to cgroup/v1 (theirs: the default, autodetect, which
+        picks v1 on this kind of host too: src/common/cgroup.c autodetect_cgroup_version)."""
+        return "\n".join([
+            "# Written by `lingjun-slurm dev-cluster up`; docs/dev-cluster.md.",
+            "CgroupPlugin=cgroup/v1", "ConstrainCores=yes", "ConstrainRAMSpace=yes", "ConstrainDevices=yes"]) + "\n"
+
     def _slurm_conf(self) -> str:
+        """slurm.conf. Lines marked CC are cyclecloud-slurm's (azure-slurm-install/templates/
+        slurm.conf.template @049346f6, line numbers there); docs/dev-cluster.md has the rest."""
         c, root, host, last = self.config, self.root, socket.gethostname().split(".")[0], self.config.total_nodes
+        expire = ",cred_expire=5" if c.fast_timers else ""
+        sched = ",batch_sched_delay=0,sched_interval=2,bf_interval=2" if c.fast_timers else ""
+        if c.cgroups:
+            track = ["ProctrackType=proctrack/cgroup", "TaskPlugin=task/affinity,task/cgroup"]  # CC 2, 11
+        else:
+            track = ["ProctrackType=proctrack/linuxproc", "TaskPlugin=task/affinity"]
+        if c.task_binding:
+            track.append(f"TaskPluginParam=autobind={c.task_binding}")
         lines = [
-            "# Written by `lingjun-slurm dev-cluster up`; rewritten by every `up`.",
+            "# Written by `lingjun-slurm dev-cluster up`; rewritten by every `up`. docs/dev-cluster.md.",
             f"ClusterName={c.cluster_name}", f"SlurmctldHost={host}(127.0.0.1)", f"SlurmctldPort={c.base_port}",
-            "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={self.munge_socket},cred_expire=5",
+            "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={self.munge_socket}{expire}",
             "SlurmUser=root", "SlurmdUser=root",
             f"StateSaveLocation={root}/spool/ctld", f"SlurmdSpoolDir={root}/spool/%n",
             f"SlurmctldPidFile={root}/run/slurmctld.pid", f"SlurmdPidFile={root}/run/slurmd-%n.pid",
             f"SlurmctldLogFile={self.log_dir}/slurmctld.log", f"SlurmdLogFile={self.log_dir}/slurmd-%n.log",
             "SlurmctldDebug=info", "SlurmdDebug=info", "MailProg=/bin/true",
-            "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "MpiDefault=none",
-            "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core", "SlurmdParameters=config_overrides",
-            "SchedulerType=sched/backfill", "SchedulerParameters=batch_sched_delay=0,sched_interval=2,bf_interval=2",
-            "ReturnToService=2", f"SlurmdTimeout={c.slurmd_timeout}", "KillWait=5", "MinJobAge=300", "MaxJobCount=20000", "JobRequeue=1",
-            "EnforcePartLimits=ALL", "InactiveLimit=0", "Waittime=0",
-            "JobCompType=jobcomp/filetxt", f"JobCompLoc={root}/jobcomp.log", "JobAcctGatherType=jobacct_gather/none",
-            "GresTypes=gpu",
+            *track, "MpiDefault=none", "SwitchType=switch/none",  # CC 1, 10
+            "PropagateResourceLimits=ALL", "DisableRootJobs=NO",  # CC 4, 27
+            "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core_Memory",  # CC 13, 15
+            "SlurmdParameters=config_overrides",
+            "SchedulerType=sched/backfill", f"SchedulerParameters=max_switch_wait=24:00:00{sched}",  # CC 12, 52
+            "LaunchParameters=use_interactive_step",  # CC 28, templates/slurm.txt default
+            f"Prolog={root}/prolog.d/*", f"Epilog={root}/epilog.d/*", "PrologFlags=alloc",  # CC 36-42
+            "TreeWidth=16", "PrivateData=cloud", "SlurmctldParameters=idle_on_node_suspend",  # CC 43, 34, 24
+            "SlurmctldTimeout=30",  # CC 48; not CC 44 ReconfigFlags=KeepPowerSaveSettings: 22.05 rejects it
+            "ReturnToService=2", f"SlurmdTimeout={c.slurmd_timeout}", "MinJobAge=300", "MaxJobCount=20000",
+            f"FirstJobId={c.first_job_id}", "JobRequeue=1", "EnforcePartLimits=ALL", "InactiveLimit=0", "Waittime=0",
+            "JobCompType=jobcomp/filetxt", f"JobCompLoc={root}/jobcomp.log",
+            "JobAcctGatherType=jobacct_gather/none", "GresTypes=gpu",  # CC 21, 14
         ]
+        if c.fast_timers:
+            lines.append("KillWait=5")
         if c.accounting:
             lines += ["AccountingStorageType=accounting_storage/slurmdbd", "AccountingStorageHost=127.0.0.1",
                       f"AccountingStoragePort={c.base_port + 2}", "AccountingStorageTRES=gres/gpu",
                       f"AccountingStoragePass={self.munge_socket}"]  # slurmdbd's munge socket
         gres = f" Gres=gpu:{c.gpus_per_node}" if c.gpus_per_node else ""
+        mem = f" DefMemPerCPU={c.def_mem_per_cpu}"  # cyclecloud-slurm azure-slurm/slurmcc/cli.py _partitions
         lines += [
             f"NodeName=node[1-{last}] NodeHostname={host} NodeAddr=127.0.0.1 Port=[{c.slurmd_port(1)}-"
             f"{c.slurmd_port(last)}] CPUs={c.cpus_per_node} RealMemory={c.memory_mb_per_node}{gres} State=UNKNOWN",
-            f"PartitionName=cpu Nodes=node[1-{c.nodes}] Default=YES MaxTime=INFINITE State=UP",
-            f"PartitionName=gpu Nodes=node[1-{c.nodes}] MaxTime=INFINITE State=UP",
+            f"PartitionName=cpu Nodes=node[1-{c.nodes}] Default=YES{mem} MaxTime=INFINITE State=UP",
+            f"PartitionName=gpu Nodes=node[1-{c.nodes}]{mem} MaxTime=INFINITE State=UP",
         ]
         if c.extra_nodes:
-            lines.append(f"PartitionName={c.extra_partition} Nodes=node[{c.nodes}-{last}] MaxTime=INFINITE State=UP")
+            lines.append(f"PartitionName={c.extra_partition} Nodes=node[{c.nodes}-{last}]{mem} MaxTime=INFINITE State=UP")
         return "\n".join(lines) + "\n"
 
     # ------------------------------------------------------------------ start-up
@@ -495,11 +631,14 @@ class DevCluster:
             except PermissionError:
                 raise DevClusterError(f"not allowed to signal PID {d.pid} ({d.log}): run as root") from None
 
-    def _cancel_jobs(self) -> None:
-        """scancel every job and wait (up to 15 s) until none runs, so no job outlives the cluster."""
+    def _cancel_jobs(self) -> set[int]:
+        """scancel every job and wait (up to 15 s) until none runs, so no job outlives the cluster.
+        The ids of the jobs it found (their cgroups are checked after the daemons stop)."""
         log = self.log_dir / "slurmctld.log"
+        found: set[int] = set()
         try:
             ids = self._client(["squeue", "-h", "-o", "%A"], log, timeout=10).split()
+            found = {int(i) for i in ids if i.isdigit()}
             if ids:
                 self._client(["scancel", *ids], log, timeout=10)
             end = time.monotonic() + 15
@@ -508,13 +647,16 @@ class DevCluster:
                 time.sleep(0.2 if ids else 0)
         except DevClusterError:
             pass  # slurmctld is going away anyway; the steps are swept below
+        return found
 
-    def _kill_orphan_steps(self) -> None:
+    def _kill_orphan_steps(self) -> set[int]:
         """SIGKILL slurmstepd processes this cluster's slurmd left behind, and their children.
-        Only those carrying this cluster's SLURM_CONF in their environment."""
+        Only those carrying this cluster's SLURM_CONF in their environment. The job ids of those
+        steps (their title is "slurmstepd: [JOB.STEP]")."""
         marker = f"SLURM_CONF={self.slurm_conf}".encode()
         parent: dict[int, int] = {}
         steps: list[int] = []
+        jobs: set[int] = set()
         for entry in Path("/proc").iterdir():
             fields = _proc_stat(entry.name) if entry.name.isdigit() else None
             if fields is None:
@@ -524,6 +666,9 @@ class DevCluster:
                 if (entry / "comm").read_text().strip() == "slurmstepd" and \
                         marker in (entry / "environ").read_bytes().split(b"\0"):
                     steps.append(int(entry.name))
+                    title = (entry / "cmdline").read_bytes().decode(errors="replace")
+                    if "[" in title and title.split("[", 1)[1].split(".")[0].isdigit():
+                        jobs.add(int(title.split("[", 1)[1].split(".")[0]))
             except OSError:
                 continue
         victims = set(steps)
@@ -538,6 +683,103 @@ class DevCluster:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        return jobs
+
+    def _finished_jobs(self) -> set[int]:
+        """Every job id in jobcomp.log (one line per finished job, accounting or not)."""
+        try:
+            text = (self.root / "jobcomp.log").read_text(errors="replace")
+        except OSError:
+            return set()
+        return {int(f[6:]) for f in text.split() if f.startswith("JobId=") and f[6:].isdigit()}
+
+    def _clean_cgroups(self, jobs: set[int]) -> None:
+        """Remove what Slurm's cgroup/v1 left of this cluster under /sys/fs/cgroup/CONTROLLER/
+        slurm_<node>/uid_<uid>/job_<id>: the job cgroups of this cluster's jobs (those it found
+        running, those of stray steps, those in jobcomp.log), killing any process still in one.
+        slurm_<node> and its uid_* (Slurm never removes slurm_<node>) go too unless another live
+        slurmd has the same node name (another dev cluster on this host: they are shared)."""
+        if not self.config.cgroups:
+            return
+        jobs = jobs | self._finished_jobs()
+        names = set(self.config.node_names)
+        dirs = [CGROUP_ROOT / ctl / f"slurm_{node}" for ctl in CGROUP_CONTROLLERS for node in sorted(names)]
+        dirs = [d for d in dirs if d.is_dir()]
+        ours = [job for d in dirs for uid in d.glob("uid_*") for job in uid.glob("job_*")
+                if job.name[4:].isdigit() and int(job.name[4:]) in jobs]
+        end = time.monotonic() + 5
+        while True:
+            pids = {pid for job in ours for pid in _cgroup_pids(job)}
+            if not pids or time.monotonic() > end:
+                break
+            for job in ours:  # a frozen (suspended) task cannot die
+                _write_quietly(job / "freezer.state", "THAWED")
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.05)
+        for job in ours:
+            _rmdir_tree(job)
+        shared = _live_slurmd_node_names() & names
+        for d in dirs:
+            if d.name[len("slurm_"):] in shared:
+                continue
+            for uid in d.glob("uid_*"):
+                _rmdir_quietly(uid)
+            _rmdir_quietly(d)
 
 
-__all__ = ["DEFAULT_ROOT", "DevCluster", "DevClusterConfig", "DevClusterError"]
+def _cgroup_pids(cg: Path) -> set[int]:
+    """Every process in a v1 cgroup and the cgroups below it."""
+    pids: set[int] = set()
+    for procs in cg.rglob("cgroup.procs"):
+        try:
+            pids.update(int(p) for p in procs.read_text().split())
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+def _write_quietly(path: Path, text: str) -> None:
+    try:
+        path.write_text(text)
+    except OSError:
+        pass
+
+
+def _rmdir_quietly(path: Path) -> None:
+    try:
+        path.rmdir()  # a cgroup directory goes with rmdir alone; it fails while busy
+    except OSError:
+        pass
+
+
+def _rmdir_tree(cg: Path) -> None:
+    """rmdir a cgroup and the cgroups below it, deepest first."""
+    for sub in sorted((p for p in cg.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        _rmdir_quietly(sub)
+    _rmdir_quietly(cg)
+
+
+def _live_slurmd_node_names() -> set[str]:
+    """Node names (-N NAME) of the slurmd processes alive on this host."""
+    names: set[str] = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (entry / "comm").read_text().strip() != "slurmd":
+                continue
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if _start_time(int(entry.name)) is None:
+            continue
+        names.update(argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "-N")
+    return names
+
+
+__all__ = ["CGROUP_ROOT", "DEFAULT_ROOT", "FAKE_GPU_MAJOR", "JOB_ID_BLOCK", "DevCluster", "DevClusterConfig",
+           "DevClusterError", "cgroup_problem", "usable_cpus"]

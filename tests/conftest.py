@@ -14,7 +14,7 @@ from lingjun_slurm.render import render_plan
 from lingjun_slurm.spec import load_spec
 
 from tests import hermetic
-from tests.cluster.fixtures import slurm_cluster  # noqa: F401  (session-scoped real Slurm)
+from tests.cluster.fixtures import bound_cluster, slurm_cluster  # noqa: F401  (session-scoped real Slurm)
 from tests.ssh.fixtures import ssh_server, ssh_slurm  # noqa: F401  (session-scoped real sshd)
 
 REPO = Path(__file__).resolve().parent.parent

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from lingjun_slurm.cli_devcluster import dev_cluster
-from lingjun_slurm.devcluster import DevCluster, DevClusterConfig, DevClusterError
+from lingjun_slurm.devcluster import DevCluster, DevClusterConfig, DevClusterError, cgroup_problem
 from tests.cluster.fixtures import (EXTRA_NODES, GPUS_PER_NODE, HEALTH_NODE, HEALTH_PARTITION, NODES, free_cluster,
                                     require_slurm, slurm, submit, wait_job)
 
@@ -109,12 +109,13 @@ def test_cli_up_restart_after_a_dead_daemon_and_down() -> None:
     """Own root and ports: up via the CLI, a killed slurmd makes `up` start afresh, `down` stops all."""
     require_slurm()
     root = Path(f"/tmp/lingjun-test-cycle-{os.getpid()}")
-    cluster = free_cluster(root, 16600, nodes=2, gpus_per_node=1)
+    cgroups = cgroup_problem() is None  # the CLI's default needs them; elsewhere --no-cgroups
+    cluster = free_cluster(root, 16600, nodes=2, gpus_per_node=1, cgroups=cgroups)
     runner = CliRunner()
     args = ["--root", str(root)]
     try:
-        res = runner.invoke(dev_cluster, ["up", "--nodes", "2", "--gpus-per-node", "1",
-                                          "--base-port", str(cluster.config.base_port), *args])
+        res = runner.invoke(dev_cluster, ["up", "--nodes", "2", "--gpus-per-node", "1", *([] if cgroups else
+                                          ["--no-cgroups"]), "--base-port", str(cluster.config.base_port), *args])
         assert res.exit_code == 0, res.output
         assert f"source {root}/env.sh" in res.output
         first = {n: d["pid"] for n, d in cluster.status()["daemons"].items()}
