@@ -79,7 +79,9 @@ class Bench:
         self.cluster = DevCluster(DevClusterConfig(root=tmp / "cluster", base_port=base_port, nodes=4, cpus_per_node=2,
                                                    # fake GPUs (gres device files) for exit1-start's Megatron-LM
                                                    # stand-in, which the spec check sends to a GPU partition
-                                                   gpus_per_node=1, cluster_name="faults", slurmd_timeout=10))
+                                                   gpus_per_node=1, cluster_name="faults", slurmd_timeout=10,
+                                                   # requeues eligible after cred_expire=5 s, not Slurm's 120
+                                                   fast_timers=True))
         self.env = {**os.environ, **self.cluster.env, "LINGJUN_STATE_DIR": str(tmp / "state"),
                     "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
         self.spawned: list[subprocess.Popen] = []

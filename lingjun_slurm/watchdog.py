@@ -345,9 +345,13 @@ class Actions:
             nodes = sorted({str(r["node"]) for _, r in ranks})
             # Exactly those nodes, one task each: without --ntasks, 22.05 takes the job's SLURM_NTASKS
             # and ignores --ntasks-per-node (libsrun/opt.c, 22.05).
+            # --mem=0: under SelectTypeParameters=CR_*_Memory (CycleCloud's CR_Core_Memory) the probe
+            # inherits the batch script's SLURM_MEM_PER_CPU and asks for memory the hung step holds:
+            # "Memory required by task is not available" (seen on the production-like test cluster,
+            # 22.05). Zero is "all available job memory to new job steps" (doc/man/man1/srun.1, --mem).
             cmd = ["srun", "--overlap", f"--jobid={self.job}", f"--nodelist={','.join(nodes)}",
                    f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}", "--ntasks-per-node=1", "--time=1",
-                   "--kill-on-bad-exit=0", "bash", "-c", script, "probe", stacks_dir]
+                   "--mem=0", "--kill-on-bad-exit=0", "bash", "-c", script, "probe", stacks_dir]
             states: dict[str, str] = {}
             try:
                 proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
