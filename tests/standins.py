@@ -20,7 +20,9 @@ ENROOT = STANDINS / "enroot"
 SRUN = STANDINS / "srun"
 PYXIS_EPILOG = STANDINS / "pyxis-epilog"
 
-# The stand-in registry: "<registry>#<image>:<tag>" -> {debian arch: manifest digest}
+# The stand-in registry: "<registry>#<image>:<tag>" -> {debian arch: manifest digest}; an entry may also
+# hold "config": {"WorkingDir": DIR, "Env": ["K=V"]} (the image config pyxis applies: tasks start in
+# WorkingDir, or / without one; Env overrides the job's) and "auth": false (fixtures/standins/README.md).
 REGISTRY: dict[str, dict[str, str]] = {
     "reg.example#team/img:1": {"amd64": "sha256:" + "1a" * 32, "arm64": "sha256:" + "1b" * 32},
     "reg.example#team/img:2": {"amd64": "sha256:" + "2a" * 32, "arm64": "sha256:" + "2b" * 32},
