@@ -73,6 +73,22 @@ SRUN_TASK = re.compile(rf"srun: error: (?P<hosts>{HOST}|{HOST}\[[0-9,\-]+\][A-Za
                        r"Virtual timer expired|Profiling timer expired|Power failure|Bad system call|"
                        r"(?:Real-time|Unknown) signal \d+)(?: \(core dumped\))?)\s*$")
 SRUN_NODE_FAIL = re.compile(r"srun: error: Node failure on (?P<nodes>\S+)\s*$")
+# A step whose tasks never started (src/api/step_launch.c:1157 and 1658 in 22.05, 1071 and 1590 in
+# 25.11; "Application launch failed": launch_slurm.c:844 in 22.05, src/srun/launch.c:1510 in 25.11).
+# A SPANK plugin failing in slurmstepd (pyxis importing or starting the container) shows as
+# "task N launch failed: Slurmd could not execve job", and srun then exits 0 when every task
+# failed so (no task exit, no exit code: seen on 22.05.8); slurmstepd's own lines name the node.
+SRUN_LAUNCH_TASK = re.compile(r"srun: error: task (?P<task>\d+) launch failed: (?P<why>.+?)\s*$")
+SRUN_LAUNCH_NODE = re.compile(rf"srun: error: Task launch for \S+ failed on node (?P<node>{HOST}): (?P<why>.+?)\s*$")
+SRUN_APP_LAUNCH = re.compile(r"srun: error: Application launch failed: (?P<why>.+?)\s*$")
+# What pyxis/enroot say when the image or its reference is wrong: the same on every node, so never a
+# node's fault, even when srun killed the other nodes' tasks before they said it too.
+# (A mount source missing on one node is that node's: a shared file system not mounted there.)
+IMAGE_PROBLEM = re.compile(r"Invalid image reference|returned error code: 4\d\d|manifest unknown|unauthorized|"
+                           r"authentication|Could not retrieve digest|couldn't chdir to|"
+                           r"flag was passed to --container-name|and --container-image is not set", re.I)
+PLUGIN_NOISE = re.compile(r"^pyxis: (?:child \d+ failed with error code|printing enroot log file)|^pyxis:\s*$|^spank")
+STEPD_PLUGIN = re.compile(rf"^(?:\d{{1,7}}: )?slurmstepd-(?P<node>{HOST}): error: (?P<why>(?:pyxis|spank|\[pyxis\]).*?)\s*$")
 KILL_STATUSES = ("Killed", "Terminated")
 
 # Line prefixes that name where a line came from.
@@ -122,7 +138,7 @@ PROGRAM = [
     ("other-cuda", "other CUDA error (not tied to hardware)",
      re.compile(r"CUDA error: |Cuda failure |CUDA_ERROR_|cudaError[A-Z]", re.I)),
 ]
-KEYWORDS = re.compile(r"srun: error|ECC|NVLink|fallen off|device handle|CUDA|Cuda|cuda|Xid|NCCL|nccl|"
+KEYWORDS = re.compile(r"srun: error|slurmstepd-|ECC|NVLink|fallen off|device handle|CUDA|Cuda|cuda|Xid|NCCL|nccl|"
                       r"out of memory|Out Of Memory|oom|assert|rank|Got completion|remote peer|not yet initialized")
 
 
@@ -239,6 +255,10 @@ def analyse(lines: List[Tuple[int, str]], nodes: Optional[List[str]] = None,
     node_failures: List[Tuple[str, int]] = []
     hits: List[dict] = []
     ignored: Dict[str, dict] = {}
+    launch_tasks: List[int] = []
+    launch_nodes: Dict[str, str] = {}
+    launch_why: Optional[str] = None
+    launch_whole = False
 
     def saw(host: str) -> None:
         if host not in seen_hosts:
@@ -246,6 +266,31 @@ def analyse(lines: List[Tuple[int, str]], nodes: Optional[List[str]] = None,
 
     for at, line in lines:
         if not KEYWORDS.search(line):
+            continue
+        lm = (SRUN_LAUNCH_TASK.search(line) or SRUN_LAUNCH_NODE.search(line) or SRUN_APP_LAUNCH.search(line)
+              or STEPD_PLUGIN.search(line))
+        if lm:
+            why = _clean(lm["why"], 200)
+            if lm.re is SRUN_LAUNCH_TASK:
+                launch_tasks.append(int(lm["task"]))
+            elif lm.re is SRUN_APP_LAUNCH:
+                launch_whole = True
+            elif lm.re is SRUN_LAUNCH_NODE:
+                launch_nodes.setdefault(lm["node"], why)
+            else:
+                # pyxis's own words, then enroot's "[ERROR] ..." that pyxis prints, say more than
+                # srun's "could not execve"; "child N failed", headers and spank's lines say nothing.
+                node, said = lm["node"], launch_nodes.get(lm["node"], "")
+                if "[ERROR]" in why:
+                    err = why.split("[ERROR]", 1)[1].strip()
+                    if "[ERROR]" not in said:
+                        launch_nodes[node] = f"{said or 'pyxis'} ([ERROR] {err})"
+                elif PLUGIN_NOISE.search(why):
+                    launch_nodes.setdefault(node, "")
+                elif not said:
+                    launch_nodes[node] = why
+            if lm.re is not STEPD_PLUGIN and launch_why is None:
+                launch_why = why
             continue
         m = SRUN_TASK.search(line)
         if m:
@@ -349,6 +394,16 @@ def analyse(lines: List[Tuple[int, str]], nodes: Optional[List[str]] = None,
                 found.append({"node": node, "source": "crash",
                               "reason": _clean(f"{e['what']}: {e['line']} [{e['via']}; log byte {e['at']}]{more}",
                                                300)})
+    # Nodes where the step could not start while it started elsewhere: those nodes (at most half of
+    # them, as above; a launch failing everywhere is the image's, the spec's or the cluster's).
+    failed_to_start = [n for n in launch_nodes if (not job_nodes or n in job_nodes)
+                       and not IMAGE_PROBLEM.search(launch_nodes[n] or launch_why or "")]
+    if failed_to_start and len(known) >= 2 and len(failed_to_start) * 2 <= len(known):
+        for node in sorted(failed_to_start):
+            if not any(f["node"] == node for f in found):
+                found.append({"node": node, "source": "launch",
+                              "reason": _clean(f"the step could not start there: "
+                                               f"{launch_nodes[node] or launch_why or 'no reason printed'}", 300)})
     for host, at in node_failures:
         if (job_nodes and host not in job_nodes) or any(f["node"] == host for f in found):
             continue
@@ -360,7 +415,11 @@ def analyse(lines: List[Tuple[int, str]], nodes: Optional[List[str]] = None,
     return {"schema": SCHEMA, "found": found, "evidence": evidence[:MAX_EVIDENCE],
             "evidence_total": len(evidence), "tasks": [{k: v for k, v in t.items()} for t in tasks[:200]],
             "first_failure": first_failure, "not_blamed": not_blamed, "known_nodes": known,
-            "node_failures": [h for h, _ in node_failures], "xid_policy": judge.as_dict()}
+            "node_failures": [h for h, _ in node_failures], "xid_policy": judge.as_dict(),
+            "launch_failure": ({"tasks": sorted(set(launch_tasks)), "nodes": sorted(launch_nodes),
+                                "why": next((w for w in launch_nodes.values() if w), None) or launch_why,
+                                "whole_step": launch_whole}
+                               if launch_tasks or launch_nodes or launch_whole else None)}
 
 
 def node_judge(sku: Optional[str] = None, policy: Optional[str] = None) -> "xid_table.Judge":

@@ -7,6 +7,7 @@ plan is written as plan.json beside the scripts; stage code inside the jobs read
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -311,19 +312,34 @@ def step_cpus(res: StageResources) -> int | None:
     return res.cpus_per_task or None
 
 
+def _whole_node_binding(bind: str) -> bool:
+    """A --cpu-bind that names CPUs of the whole node: map_cpu/mask_cpu (each listed CPU must be in
+    the step, dist_tasks.c:302/358 at 22.05) and the ldom forms ("Entire node must be allocated",
+    dist_tasks.c:443), unlike cores/threads/sockets/rank/none, which bind inside the step."""
+    return bool(re.search(r"(?:^|,)(?:map_|mask_)|ldom", bind))
+
+
 def _launcher(spec: Spec, st_kind: str, names: list[str], use_container: bool,
               cplan: ContainerPlan | None = None, cpus: int | None = None) -> tuple[Word, ...]:
     words: list[Word] = ["srun"]
-    if cpus:
-        words.append(f"--cpus-per-task={cpus}")
+    bind = spec.training.cpu_bind if st_kind == "train" else None
+    if bind == "profile":
+        prof = network.get_profile(network_env(spec).profile)
+        assert prof.cpu_bind is not None  # spec.checks.check_cpu_bind
+        bind = prof.cpu_bind[1]
+    if cpus and not (bind and _whole_node_binding(bind)):
+        # --mem=0: -c implies --exact, and an --exact step gets tasks x c x MemPerCPU, not the job's
+        # memory, where the job's memory comes from DefMemPerCPU or --mem-per-cpu (step_mgr.c
+        # 2355-2370, 2433-2436 at 22.05): half the job's on a ThreadsPerCore=2 node with an odd c
+        # (CycleCloud's default node lines). 0 is "all available job memory to new job steps"
+        # (srun.1), and a --mem on the command line resets SLURM_MEM_PER_CPU/GPU from the job
+        # (slurm_opt.c _validate_memory_options, 22.05:5746-5766).
+        # Not with a binding that names the node's CPUs (masks, maps, ldoms): an --exact step does
+        # not hold them and the launch fails; the binding gives each task its CPUs there.
+        words += [f"--cpus-per-task={cpus}", "--mem=0"]
     if st_kind == "train":
         words.append("--kill-on-bad-exit=1")
-        if spec.training.cpu_bind:
-            bind = spec.training.cpu_bind
-            if bind == "profile":
-                prof = network.get_profile(network_env(spec).profile)
-                assert prof.cpu_bind is not None  # spec.checks.check_cpu_bind
-                bind = prof.cpu_bind[1]
+        if bind:
             words.append(f"--cpu-bind={bind}")
     if use_container:
         words += pyxis_flags(spec.container, spec.run.workdir, names,

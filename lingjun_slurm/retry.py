@@ -19,23 +19,34 @@ container start on every node.
 The facts, in order (the first that applies decides):
 
 1. the time limit was reached (the save-and-exit signal) -> retry;
-2. the step exited 0 with iterations left -> retry;
-3. the hang watchdog ended the step (its record is non-empty) -> retry;
-4. the job is moving away from a node this attempt blamed (a device error in the log, a hung
-   node, a failed pre-flight: `--moved-away`) -> retry on other nodes;
-5. a newer checkpoint than at this attempt's start (progress) -> retry: it resumes from there;
-6. srun reported a node failure ("Node failure on X") -> retry;
-7. the first task srun reports as failed (its "task N: ..." line, read by crashlog.SRUN_TASK; the
+2. the hang watchdog ended the step (its record is non-empty) -> retry;
+3. the job is moving away from a node this attempt blamed (a device error in the log, a hung
+   node, a node where the step could not start while it started elsewhere, a failed pre-flight:
+   `--moved-away`) -> retry on other nodes;
+4. a newer checkpoint than at this attempt's start (progress) -> retry: it resumes from there;
+5. the step could not start ("task N launch failed: ...", "Task launch for ... failed on node
+   X: ...", "Application launch failed: ...": a binding srun cannot satisfy, pyxis failing to
+   import or start the image) and no node was blamed -> stop: it would fail the same way. srun
+   exits 0 when every task failed to launch through a SPANK plugin, and 128 + the low byte of a
+   Slurm error code (e.g. 192) when slurmd refused the launch: neither is a clean exit or a signal;
+6. the step exited 0 with iterations left -> retry;
+7. srun reported a node failure ("Node failure on X") -> retry;
+8. a collective timed out (torch's NCCL watchdog: "Watchdog caught collective operation timeout";
+   crashlog's nccl-timeout) -> retry, as for a hang: torch aborts every rank (`Aborted (core
+   dumped)`) when its timeout (Megatron-LM: 10 minutes) ends before the hang watchdog's;
+9. the first task srun reports as failed (its "task N: ..." line, read by crashlog.SRUN_TASK; the
    formats are identical in Slurm 22.05 to 25.11):
    - "Exited with exit code N" -> stop: the program failed by itself, before any progress;
      it would fail the same way again;
    - a crash signal of the program itself (Segmentation fault, Aborted, Bus error, Floating
-     point exception, Illegal instruction, Trace/breakpoint trap, Bad system call) -> stop;
+     point exception, Illegal instruction, Trace/breakpoint trap, Bad system call) -> stop, except
+     `Aborted` with NCCL's remote/network errors in the log (a peer or the network failed and
+     NCCL's error handling aborted the rank) -> retry;
    - "Out Of Memory" (task/cgroup's OOM report) -> stop: the same run needs the same memory;
    - a signal from outside (Killed, Terminated, Hangup, Interrupt, Quit, User defined signal,
      Power failure, CPU time limit, Alarm clock, a real-time signal) -> retry: the operator, the
      kernel or the node stopped it;
-8. no task line at all (srun could not start the step, or was itself killed): the cause is
+10. no task line at all (srun was itself killed, or printed nothing we know): the cause is
    unknown; retry only when srun ended by a signal (rc >= 128), and say that the cause was not
    read.
 
@@ -77,8 +88,6 @@ def decide(*, rc: int, start_iteration: int, last_iteration: int, time_limit: bo
     attempt's part of the job log (None: the log could not be read)."""
     if time_limit:
         return True, f"saved at the time limit (iteration {last_iteration})"
-    if rc == 0:
-        return True, f"the step exited 0 at iteration {last_iteration}"
     if hung:
         return True, "the hang watchdog ended the step"
     if moved_away:
@@ -86,8 +95,20 @@ def decide(*, rc: int, start_iteration: int, last_iteration: int, time_limit: bo
     if last_iteration > start_iteration:
         return True, f"step exit {rc} after progress (iteration {start_iteration} -> {last_iteration})"
     a = analysis or {}
+    launch = a.get("launch_failure")
+    if launch:
+        where_l = (f"on {', '.join(launch['nodes'])}" if launch.get("nodes") else
+                   f"task(s) {','.join(map(str, launch.get('tasks') or []))}" if launch.get("tasks") else "")
+        return False, (f"the step could not start{' ' + where_l if where_l else ''}: {launch.get('why')} "
+                       f"(srun exit {rc}); not requeued: it would fail the same way (the image, the container "
+                       "options or the binding)")
+    if rc == 0:
+        return True, f"the step exited 0 at iteration {last_iteration}"
     if a.get("node_failures"):
         return True, f"step exit {rc}: srun reported a node failure ({', '.join(a['node_failures'])})"
+    seen = {str(n.get("class")) for n in a.get("not_blamed") or [] if isinstance(n, dict)}
+    if "nccl-timeout" in seen:
+        return True, f"step exit {rc}: a collective timed out (NCCL), as in a hang"
     first = a.get("first_failure")
     where = f"iteration {last_iteration}, no new checkpoint since this start"
     if first:
@@ -97,6 +118,8 @@ def decide(*, rc: int, start_iteration: int, last_iteration: int, time_limit: bo
             code = status.rsplit(" ", 1)[-1]
             return False, (f"{who} exited with code {code} first ({where}): a failure that would repeat; "
                            f"not requeued (srun exit {rc})")
+        if status.startswith("Aborted") and "nccl-remote" in seen:
+            return True, f"{who} aborted first on NCCL's remote/network errors: a peer or the network (srun exit {rc})"
         if status.startswith(CRASH_SIGNALS):
             return False, f"{who} crashed first: {status} ({where}); not requeued (srun exit {rc})"
         if status.startswith("Out Of Memory"):

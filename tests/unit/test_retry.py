@@ -135,3 +135,64 @@ def test_a_crash_blamed_on_a_node_retries_only_when_the_requeue_moves_away_from_
     # The node could not be excluded (bound reached): the same nodes would fail the same way.
     retry, why = decide(rc=1, start_iteration=0, last_iteration=0, analysis=found)
     assert not retry and "task 1 on node2 exited with code 1 first" in why
+
+
+REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real_pyxis_enroot" / "pyxis-0.24.0_enroot-4.1.2"
+
+
+def test_a_step_that_could_not_start_anywhere_is_not_retried_even_when_srun_exits_0() -> None:
+    """A SPANK plugin (pyxis) failing on every node: srun printed `task N launch failed` and exited
+    0 (no task exit, so no exit code): not a clean exit to requeue after."""
+    found = analysis("launch-spank-every-node.log")
+    assert found["launch_failure"]["tasks"] == [0, 1] and found["found"] == []
+    retry, why = decide(rc=0, start_iteration=0, last_iteration=0, analysis=found)
+    assert not retry and "could not start" in why and "Slurmd could not execve job" in why
+
+
+def test_a_binding_srun_refuses_is_not_a_signal() -> None:
+    """slurmd refused the launch: srun exits 192 (128 + the low byte of the Slurm error code), which
+    the old rule read as a signal and requeued."""
+    retry, why = decide(rc=192, start_iteration=0, last_iteration=0,
+                        analysis=blame(str(FIXTURES / "launch-cpu-bind.log"), 0, ["node1"]))
+    assert not retry and "Unable to satisfy cpu bind request" in why
+
+
+def test_real_pyxis_an_unknown_image_is_the_images_fault_not_a_nodes() -> None:
+    """Real pyxis 0.24.0 + enroot 4.1.2: the import fails in task_init; srun says `Exited with exit
+    code 1`, pyxis and enroot say why. Nobody is blamed, even when only one node's lines made it
+    into the log (srun kills the others), and the job stops with enroot's error in the reason."""
+    found = blame(str(REAL / "p07-unknown-image" / "stderr"), 0, ["node1", "node2"])
+    assert found["found"] == []
+    retry, why = decide(rc=1, start_iteration=0, last_iteration=0, analysis=found)
+    assert not retry and "failed to import docker image" in why and "404 Not Found" in why
+
+
+def test_real_pyxis_a_mount_source_missing_on_one_node_blames_that_node() -> None:
+    """A shared directory missing on one node of two (real pyxis 0.24.0 output for that node): the
+    node is blamed, so the requeue moves away from it."""
+    found = blame(str(REAL / "p13-mount-missing-source" / "stderr"), 0, ["node1", "node2"])
+    assert [(f["node"], f["source"]) for f in found["found"]] == [("node1", "launch")]
+    assert "source path does not exist: /no/such/src" in found["found"][0]["reason"]
+    assert decide(rc=1, start_iteration=0, last_iteration=0, moved_away=True, analysis=found)[0]
+
+
+def test_a_collective_timeout_is_retried_like_a_hang() -> None:
+    """torch's NCCL watchdog (Megatron-LM: 10 minutes, before the hang watchdog's 30) aborts every rank:
+    a real log of every rank timing out (milabench#269) is retried, where a plain `Aborted` with no
+    NCCL error (WeatherGenerator#1572) stays the program's crash."""
+    crashlogs = Path(__file__).resolve().parents[1] / "fixtures" / "crashlogs"
+    nccl = blame(str(crashlogs / "milabench_269_nccl_timeout.log"), 0)
+    assert decide(rc=134, start_iteration=0, last_iteration=0, analysis=nccl) == (
+        True, "step exit 134: a collective timed out (NCCL), as in a hang")
+    aborted = blame(str(crashlogs / "weathergenerator_1572_srun_aborted.log"), 0)
+    retry, why = decide(rc=134, start_iteration=0, last_iteration=0, analysis=aborted)
+    assert not retry and "crashed first: Aborted" in why
+
+
+def test_aborted_on_nccls_remote_errors_is_a_peers_or_the_networks_fault() -> None:
+    first = {"node": "gpu2", "tasks": "8-15", "status": "Aborted (core dumped)", "at": 0, "unique": False}
+    remote = {"first_failure": first, "not_blamed": [{"node": None, "class": "nccl-remote"}]}
+    assert decide(rc=134, start_iteration=0, last_iteration=0, analysis=remote)[0]
+    # An exit code first stays the program's, whatever NCCL said after it.
+    first_exit = {**first, "status": "Exited with exit code 1"}
+    assert not decide(rc=1, start_iteration=0, last_iteration=0, analysis={**remote, "first_failure": first_exit})[0]

@@ -49,3 +49,27 @@ def test_no_cpus_per_task_no_option(tmp_path: Path) -> None:
             res.pop("cpus_per_task", None)
     plan = plan_of(tmp_path, edit)
     assert all(cpus_words(s) == [] for s in plan.stages), [(s.name, cpus_words(s)) for s in plan.stages]
+
+
+def test_the_step_keeps_the_jobs_memory(tmp_path: Path) -> None:
+    """-c implies --exact, and an --exact step gets tasks x c x MemPerCPU where the job's memory
+    comes from DefMemPerCPU: --mem=0 gives it the job's memory (srun.1)."""
+    plan = plan_of(tmp_path, lambda doc: None)
+    for name in ("preprocess", "train"):
+        words = list(plan.stage(name).launcher)
+        assert "--mem=0" in words and words.index("--mem=0") == words.index(cpus_words(plan.stage(name))[0]) + 1
+
+
+def test_a_binding_that_names_the_nodes_cpus_takes_no_cpus_per_task(tmp_path: Path) -> None:
+    """mask_cpu/map_cpu/ldom bindings name CPUs of the whole node, which an --exact step does not
+    hold: the launch would fail ("CPU binding outside of job step allocation"). cores binds inside
+    the step, so there -c stays (without it 22.05 gives each task one core)."""
+    def with_bind(value: str):  # type: ignore[no-untyped-def]
+        def edit(doc: dict) -> None:
+            doc["training"]["cpu_bind"] = value
+        return edit
+    for value in ("mask_cpu:0xff,0xff00", "map_ldom:0,1", "ldoms"):
+        train = plan_of(tmp_path, with_bind(value)).stage("train")
+        assert cpus_words(train) == [] and "--mem=0" not in train.launcher and f"--cpu-bind={value}" in train.launcher
+    train = plan_of(tmp_path, with_bind("cores")).stage("train")
+    assert cpus_words(train) == ["--cpus-per-task=12"] and "--cpu-bind=cores" in train.launcher
