@@ -99,3 +99,81 @@ def import_image(uri: str, output: str, arch: Optional[str] = None, exe: str = "
                  timeout: Optional[float] = None) -> None:
     argv = [exe, "import"] + (["-a", arch] if arch else []) + ["-o", output, uri]
     _run(argv, timeout)
+
+
+# enroot's own configuration, for the one request the image stage makes without enroot: the
+# digest on enroot 3.x (images/registry.py). enroot reads it in `config::init "@sysconfdir@/
+# enroot.conf"` before anything else (enroot.in:27-61 at v4.1.2 and v3.5.0): the file, then
+# FILE.d/*.conf in glob order; each line `IFS=$' \t=' read -r key value`, keys ENROOT_*,
+# MELLANOX_*/NVIDIA_*, SSL_CERT_DIR/FILE and the proxies, value `$(eval echo "${value}")`;
+# `config::export` keeps a variable already set and not empty (the environment, then the first
+# file that sets it). Seen on the real enroot 3.5.0: ENROOT_ALLOW_HTTP in enroot.conf let enroot
+# use http, but the stage's own request went to https and failed
+# (tests/fixtures/real_pyxis_enroot/SOURCES.md).
+_CONF_KEY = re.compile(r"^(?:ENROOT_[A-Z_]+|(?:MELLANOX_|NVIDIA_)\S*|SSL_CERT_(?:DIR|FILE)|(?:all|no|http|https)_proxy)$")
+_INIT = re.compile(r'^config::init\s+"([^"$`]+)"', re.M)
+
+
+def config_file(exe: str = "enroot") -> Path:
+    """The enroot.conf the `enroot` on PATH reads: its `config::init "..."` line (enroot is a bash
+    script whose sysconfdir is filled in at install time); /etc/enroot/enroot.conf (the packages')
+    when the script cannot be read."""
+    import shutil
+
+    path = shutil.which(exe)
+    if path:
+        try:
+            with open(path, "rb") as fh:
+                head = fh.read(64 * 1024).decode("utf-8", errors="replace")
+            m = _INIT.search(head)
+            if m:
+                return Path(m.group(1))
+        except OSError:
+            pass
+    return Path("/etc/enroot/enroot.conf")
+
+
+def _eval_echo(value: str, env: dict) -> Optional[str]:
+    """`eval echo VALUE` for the forms enroot.conf files use (quotes, $VAR, ${VAR}, ${VAR:-x},
+    $(id -u), $(id -g), a trailing # comment); None for any other command substitution."""
+    import os
+    import shlex
+
+    text = value.replace("$(id -u)", str(os.getuid())).replace("$(id -g)", str(os.getgid()))
+    if "$(" in text or "`" in text:
+        return None
+    text = re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: env.get(m.group(1)) or m.group(2), text)
+    text = re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: env.get(m.group(1) or m.group(2), ""), text)
+    try:
+        return " ".join(shlex.split(text, comments=True))
+    except ValueError:
+        return None
+
+
+def environment(environ=None, conf: Optional[Path] = None) -> dict:
+    """The environment enroot runs with: `environ` (default os.environ) plus enroot.conf and its
+    drop-ins as config::init applies them (see above). An unreadable or missing file adds nothing,
+    as with enroot (a file that fails `bash -n` makes enroot refuse to run; not checked here)."""
+    import os
+
+    env = dict(os.environ if environ is None else environ)
+    conf = conf if conf is not None else config_file()
+    files = [conf] + (sorted(conf.parent.joinpath(conf.name + ".d").glob("*.conf"))
+                      if conf.parent.joinpath(conf.name + ".d").is_dir() else [])
+    for path in files:
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        lines = text.split("\n")
+        if not text.endswith("\n"):
+            lines = lines[:-1]  # `read` does not return a last line without its newline
+        for line in lines:
+            parts = re.split(r"[ \t]*=[ \t]*|[ \t]+", line.lstrip(" \t"), maxsplit=1)
+            key, value = parts[0], (parts[1] if len(parts) > 1 else "")
+            if not _CONF_KEY.match(key) or env.get(key):
+                continue
+            got = _eval_echo(value.rstrip(" \t"), env)
+            if got is not None:
+                env[key] = got
+    return env

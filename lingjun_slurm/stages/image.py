@@ -76,7 +76,9 @@ def main(plan: dict, plan_path: Path) -> int:
             digest = enroot.digest(ref.uri(), arch)
             uri = ref.uri(digest=digest)  # pinned: the file is the digest we name it by
         else:
-            digest = resolve_digest(ref, arch=arch)
+            # enroot itself is not asked here, so apply its enroot.conf (ENROOT_ALLOW_HTTP, the
+            # credentials' ENROOT_CONFIG_PATH, proxies) as enroot would (images/enroot.py).
+            digest = resolve_digest(ref, arch=arch, environ=enroot.environment())
             # enroot 3.x parses no @sha256 (v3.5.0 src/docker.sh:259-272), but its tag pattern
             # [[:alnum:]._:-]+ takes "sha256:<hex>" and fetches manifests/<tag> as it is
             # (docker.sh:136, 262-265): the manifest named by the digest we resolved.

@@ -79,13 +79,19 @@ def test_enroot_3_resolves_the_digest_from_the_registry(tmp_path: Path, env: dic
     import lingjun_slurm.stages.image as stage
 
     calls = []
-    monkeypatch.setattr(stage, "resolve_digest", lambda ref, arch=None: calls.append(ref) or DIGEST)
+    monkeypatch.setattr(stage, "resolve_digest",
+                        lambda ref, arch=None, environ=None: calls.append((ref, environ)) or DIGEST)
     monkeypatch.setenv("STANDIN_ENROOT_VERSION", "3.5.0")
     for k, v in env.items():
         monkeypatch.setenv(k, v)
+    # The request is made with enroot's own settings: enroot.conf's ENROOT_ALLOW_HTTP counts.
+    conf = tmp_path / "enroot.conf"
+    conf.write_text("ENROOT_ALLOW_HTTP yes\n")
+    monkeypatch.setattr(stage.enroot, "config_file", lambda exe="enroot": conf)
     plan = write_plan(tmp_path / "r1", tmp_path / "cache")
     assert stage.main(json.loads(plan.read_text()), plan) == 0
-    assert calls and calls[0].repository == "team/img"
+    assert calls and calls[0][0].repository == "team/img"
+    assert calls[0][1]["ENROOT_ALLOW_HTTP"] == "yes"
     assert len(imports(env)) == 1 and f"docker://reg.example#team/img:{DIGEST} " in imports(env)[0] + " "
 
 
@@ -97,7 +103,7 @@ def test_a_docker_style_reference_is_imported_from_its_registry(tmp_path: Path, 
     own '#' form, which enroot 3.x reads too (v3.5.0 src/docker.sh:259-272), so staging works on both."""
     import lingjun_slurm.stages.image as stage
 
-    monkeypatch.setattr(stage, "resolve_digest", lambda ref, arch=None: DIGEST)  # enroot 3.x asks the registry
+    monkeypatch.setattr(stage, "resolve_digest", lambda ref, arch=None, environ=None: DIGEST)  # 3.x asks the registry
     monkeypatch.setenv("STANDIN_ENROOT_VERSION", version)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
