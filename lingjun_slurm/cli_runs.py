@@ -520,12 +520,15 @@ def cancel(run: str, stage: Optional[str], host: Optional[str], cluster: Optiona
                 exc = collector.unavailable
                 raise SlurmUnavailable(exc.host, exc.message, f"cannot cancel run {m.run_id}: nothing was cancelled")
             running = [j for n in names if live[n].state == "RUNNING" for j in m.stage(n).job_ids]
+            # Stages that had ended before this cancel; a running job that its steps' stop ended
+            # (below) was cancelled by it, not "already ended" (seen on real pyxis, issue 25).
+            ended = [n for n in names if live[n].state not in ACTIVE]
             if running:
                 live = _stop_steps_first(t, m, names, running)
             ids = [j for n in names if live[n].state in ACTIVE for j in m.stage(n).job_ids]
             SlurmCLI(t).cancel(ids)
-            ended = [n for n in names if live[n].state not in ACTIVE]
-            click.echo(f"cancelled run {m.run_id}: jobs {', '.join(ids) or '-'}"
+            cancelled = list(dict.fromkeys(running + ids))
+            click.echo(f"cancelled run {m.run_id}: jobs {', '.join(cancelled) or '-'}"
                        + (f"; already ended: {', '.join(ended)}" if ended else ""))
         with locked_manifest(t, m.run_dir) as rec:
             rec.event("cancel", stages=names)

@@ -108,7 +108,11 @@ def test_a_cancelled_run_removes_its_containers(tmp_path: Path, env: dict[str, s
     while len(own_containers(env)) < 2 and time.monotonic() < deadline:
         time.sleep(0.2)
     assert len(own_containers(env)) == 2, containers(env)           # one per node while it runs
-    cli("cancel", run_id, env=env)
+    job = wait_for(run_id, env, lambda s: s["work"]["state"] == "RUNNING", timeout=10)["work"]["job_ids"][0]
+    said = cli("cancel", run_id, env=env).stdout
+    # The running job is the one cancelled (its steps stopped first), not "already ended" (it once was,
+    # on the real pyxis: tests/fixtures/real_pyxis_enroot/product/03-named-container-cancel.txt).
+    assert f"jobs {job}" in said and "work" not in said.partition("already ended")[2], said
     stages = wait_for(run_id, env, all_ended, timeout=120)
     assert stages["work"]["state"] in ("CANCELLED", "FAILED"), stages
     assert own_containers(env) == {}, containers(env)
