@@ -176,3 +176,17 @@ def test_cancel_during_training_saves_cleans_up_and_does_not_requeue(tmp_path: P
     assert "not requeueing" in log and "requeueing (restart" not in log, log[-2000:]
     tracker = tmp_path / "cancelled" / "checkpoints" / "latest_checkpointed_iteration.txt"
     assert tracker.exists() and int(tracker.read_text()) > 0  # the SIGTERM save
+
+
+@pytest.mark.slurm
+def test_a_container_stage_starts_in_the_run_directory(tmp_path: Path, env: dict[str, str]) -> None:
+    """pyxis starts a task in the image's WorkingDir (else `/`) unless --container-workdir is given
+    (pyxis_slurmstepd.c:1652-1664; the stand-in follows the real pyxis 0.24 recordings): every
+    containerized srun passes the run directory, so relative paths mean what they mean on the
+    host (examples/command-chain.yaml's data/ survives from one stage to the next)."""
+    where = tmp_path / "w" / "where.txt"
+    run_id = submitted_run_id(cli("submit", str(command_chain(tmp_path, f"pwd > {where}")), "--executor", "slurm",
+                                  env=env).stdout)
+    stages = wait_for(run_id, env, all_ended, timeout=120)
+    assert stages["work"]["state"] == "COMPLETED", stages
+    assert where.read_text().strip() == str(tmp_path / "w" / "runs" / run_id)
