@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Dict, List, NamedTuple, Optional, Set
+from typing import Dict, List, NamedTuple, Optional, Set, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TABLE_NAME = "xid.tsv"
@@ -58,18 +58,22 @@ class Table(NamedTuple):
     codes: Dict[int, Entry]
 
 
-def load(path: Optional[str] = None) -> Table:
-    """The table at `path` (default: the packaged one), checked line by line as the program does."""
-    path = path or PACKAGED_TABLE
-    policies: Dict[str, Policy] = {}
-    codes: Dict[int, Entry] = {}
+def _numbered_lines(path: str) -> List[Tuple[int, str]]:
+    """(line number, line without its CR) of a text file; XidTableError naming it when unreadable."""
     try:
         with open(path, encoding="utf-8") as fh:
             lines = fh.read().splitlines()
     except OSError as exc:
         raise XidTableError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    for n, line in enumerate(lines, 1):
-        line = line.rstrip("\r")
+    return [(n, line.rstrip("\r")) for n, line in enumerate(lines, 1)]
+
+
+def load(path: Optional[str] = None) -> Table:
+    """The table at `path` (default: the packaged one), checked line by line as the program does."""
+    path = path or PACKAGED_TABLE
+    policies: Dict[str, Policy] = {}
+    codes: Dict[int, Entry] = {}
+    for n, line in _numbered_lines(path):
         if not line or line.startswith("#"):
             continue
         cols = line.split("\t")
@@ -128,13 +132,7 @@ class Judge:
 def _parse_kv(path: str) -> Dict[str, str]:
     """KEY=VALUE lines as lingjun-health's parse_kv reads them (# comments, one pair of quotes)."""
     out: Dict[str, str] = {}
-    try:
-        with open(path, encoding="utf-8") as fh:
-            lines = fh.read().splitlines()
-    except OSError as exc:
-        raise XidTableError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    for n, line in enumerate(lines, 1):
-        line = line.rstrip("\r")
+    for n, line in _numbered_lines(path):
         if re.match(r"^\s*(#|$)", line):
             continue
         m = re.match(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*=(.*)$", line)
