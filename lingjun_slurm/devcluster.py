@@ -118,6 +118,10 @@ class DevClusterConfig:
     # (30), cred_expire=5 (120: a requeued job waits that long), sched_interval=2 (60),
     # bf_interval=2 (30), batch_sched_delay=0 (3).
     fast_timers: bool = False
+    # ThreadsPerCore of the node lines (1 or 2): cyclecloud-slurm writes the VM's vCPUs per physical
+    # core there by default (azure-slurm/slurmcc/cli.py, partition.py use_pcpu), so with
+    # CR_Core_Memory a 1-CPU task holds a whole core, 2 CPUs, and their memory.
+    threads_per_core: int = 1
 
     def __post_init__(self) -> None:
         self.root = Path(self.root).absolute()
@@ -136,6 +140,8 @@ class DevClusterConfig:
         if self.task_binding is not None and self.task_binding not in TASK_BINDINGS:
             raise DevClusterError(f"task_binding must be one of {', '.join(TASK_BINDINGS)} or None, "
                                   f"got {self.task_binding!r}")
+        if self.threads_per_core not in (1, 2) or self.cpus_per_node % self.threads_per_core:
+            raise DevClusterError(f"threads_per_core must be 1 or 2 and divide cpus_per_node, got {self.threads_per_core}")
         if not 256 <= self.memory_mb_per_node <= 1 << 24:
             raise DevClusterError(f"memory_mb_per_node must be 256..{1 << 24}, got {self.memory_mb_per_node}")
 
@@ -480,9 +486,11 @@ class DevCluster:
                       f"AccountingStoragePass={self.munge_socket}"]  # slurmdbd's munge socket
         gres = f" Gres=gpu:{c.gpus_per_node}" if c.gpus_per_node else ""
         mem = f" DefMemPerCPU={c.def_mem_per_cpu}"  # cyclecloud-slurm azure-slurm/slurmcc/cli.py _partitions
+        smt = (f" Sockets=1 CoresPerSocket={c.cpus_per_node // c.threads_per_core} ThreadsPerCore={c.threads_per_core}"
+               if c.threads_per_core > 1 else "")
         lines += [
             f"NodeName=node[1-{last}] NodeHostname={host} NodeAddr=127.0.0.1 Port=[{c.slurmd_port(1)}-"
-            f"{c.slurmd_port(last)}] CPUs={c.cpus_per_node} RealMemory={c.memory_mb_per_node}{gres} State=UNKNOWN",
+            f"{c.slurmd_port(last)}] CPUs={c.cpus_per_node}{smt} RealMemory={c.memory_mb_per_node}{gres} State=UNKNOWN",
             f"PartitionName=cpu Nodes=node[1-{c.nodes}] Default=YES{mem} MaxTime=INFINITE State=UP",
             f"PartitionName=gpu Nodes=node[1-{c.nodes}]{mem} MaxTime=INFINITE State=UP",
         ]

@@ -10,6 +10,7 @@ pins the task to one core. The rendered srun passes `--cpus-per-task` itself
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -62,3 +63,39 @@ def test_every_stage_task_gets_its_cpus_where_tasks_are_bound(tmp_path: Path, bo
     assert all(len(c) == 2 for c in got.values()), got
     cli("cancel", run_id, env=env, check=None)
     wait_for(run_id, env, all_ended, timeout=60)
+
+
+@pytest.mark.slurm
+def test_a_one_cpu_step_keeps_the_jobs_memory_on_two_thread_cores(tmp_path: Path) -> None:
+    """ThreadsPerCore=2 (CycleCloud's node lines) with CR_Core_Memory: a 1-CPU task's job holds a
+    whole core, 2 CPUs x DefMemPerCPU. `--cpus-per-task` implies --exact, whose step gets tasks x c x
+    MemPerCPU, half of that; the rendered srun's --mem=0 gives the step the job's memory."""
+    from lingjun_slurm.devcluster import DevClusterError
+
+    from tests.cluster.fixtures import free_cluster, require_cgroups, require_slurm
+
+    require_slurm()
+    require_cgroups()
+    root = Path(f"/tmp/lingjun-test-smt-{os.getpid()}")
+    cluster = free_cluster(root, 18700, nodes=2, cpus_per_node=2, gpus_per_node=0, threads_per_core=2,
+                           cluster_name="lingjun-smt", fast_timers=True)
+    try:
+        try:
+            cluster.up(timeout=90)
+        except DevClusterError as exc:
+            pytest.fail(f"the ThreadsPerCore=2 cluster did not start:\n{exc}")
+        env = {**cluster.env, "LINGJUN_STATE_DIR": str(tmp_path / "state")}
+        out = tmp_path / "mem.txt"
+        probe = ("cg=$(awk -F: '$2==\"memory\"{print $3}' /proc/self/cgroup); step=${cg%/task_*}; "
+                 "echo \"$(cat /sys/fs/cgroup/memory$step/memory.limit_in_bytes) "
+                 f"$(cat /sys/fs/cgroup/memory${{step%/step_*}}/memory.limit_in_bytes)\" > {out}")
+        spec = chain_spec(tmp_path / "s.yaml", tmp_path / "work",
+                          [{"name": "probe", "command": probe, "resources": {"cpus_per_task": 1}}])
+        run_id = submitted_run_id(cli("submit", str(spec), "--executor", "slurm", env=env).stdout)
+        stages = wait_for(run_id, env, all_ended, timeout=120)
+        assert stages["probe"]["state"] == "COMPLETED", stages
+        step, job = (int(x) for x in out.read_text().split())
+        assert step == job == 2 * 8000 * 1024 * 1024, (step, job)  # 2 CPUs x DefMemPerCPU=16000//2
+    finally:
+        cluster.down()
+        shutil.rmtree(root, ignore_errors=True)
