@@ -16,7 +16,7 @@ from .container import host_side, is_squashfs_path, mounts_with_workdir, parse_m
 from .megatron import args as megatron_args
 from .network import EnvVar, NetworkEnv
 from .shell import Shell, Word, to_json
-from .spec.models import CommandStage, Resources, Spec
+from .spec.models import CommandStage, Resources, Spec, mem_mib
 from .spec.resolve import (StageResources, active_builtins, builtin_resources, checkpoint_dir, command_resources,
                            data_prefix, log_dir, output_prefix, resolve_model, stage_order)
 from .timefmt import format_time, parse_time
@@ -262,16 +262,6 @@ def image_resources(spec: Spec) -> StageResources:
     mem_per_cpu_mib = 2048  # 16 CPUs -> 32 GiB
     time_default_s = 3 * 3600
 
-    def mem_mib(mem: str) -> int | None:
-        """A Slurm --mem value (a number, an optional K/M/G/T suffix, M by default) in MiB; 0: none."""
-        import re
-
-        got = re.fullmatch(r"(\d+)([KMGT]?)", str(mem).strip(), re.I)
-        if not got:
-            return None
-        n, unit = int(got.group(1)), got.group(2).upper() or "M"
-        return {"K": n // 1024, "M": n, "G": n * 1024, "T": n * 1024 * 1024}[unit] or None
-
     own = spec.cluster.stages.get("image") or Resources()
     active = active_builtins(spec)
     boxed = [c for c in spec.stages.commands if c.container]
@@ -289,7 +279,7 @@ def image_resources(spec: Spec) -> StageResources:
     mem = own.mem
     if mem is None:
         mib = cpus * mem_per_cpu_mib
-        cap = mem_mib(host.mem) if host.mem else None
+        cap = mem_mib(host.mem) if host.mem else None  # --mem=0 (all of the node's) is no cap
         mem = f"{min(mib, cap) if cap else mib}M"
     time_s = parse_time(own.time) if own.time is not None else time_default_s
     return StageResources(partition, 1, 1, 0, cpus, mem, time_s, False)

@@ -115,16 +115,23 @@ def path_fits(value: str) -> str:
     return value
 
 
-def _mem_fits(value: str) -> str:
+def mem_mib(value: str) -> int:
+    """A Slurm --mem value ("NUMBER[K|M|G|T]", M by default) in MiB as sbatch counts it
+    (str_to_mbytes, src/common/proc_args.c: K rounds up to whole MiB)."""
     unit = value[-1] if value[-1] in "KMGT" else "M"
+    n = int(value[:-1] if value[-1] in "KMGT" else value)
+    return {"K": (n + 1023) // 1024, "M": n, "G": n * 1024, "T": n * 1024 * 1024}[unit]
+
+
+def _mem_fits(value: str) -> str:
     digits = value[:-1] if value[-1] in "KMGT" else value
     too_big = ValueError(f"{value[:40]!r} is more than Slurm can hold: sbatch reads --mem as a signed 64-bit "
                          "count of MiB (str_to_mbytes, src/common/proc_args.c)")
     if len(digits.lstrip("0")) > 19:
         raise too_big
+    # Slurm adds 1023 to a K count before it divides (ROUNDUP): that sum must fit too.
     n = int(digits)
-    mib = {"K": n + 1023, "M": n, "G": n * 1024, "T": n * 1024 * 1024}[unit]  # K: Slurm's ROUNDUP(n, 1024)
-    if n > MEM_MIB_MAX or mib > MEM_MIB_MAX:
+    if n > MEM_MIB_MAX or (n + 1023 if value[-1] == "K" else mem_mib(value)) > MEM_MIB_MAX:
         raise too_big
     return value
 
