@@ -56,15 +56,13 @@ Standard library only: it runs on the batch host with plain python3 (>= 3.8).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import time
 from typing import List, Optional, Tuple
 
+from . import stagenotes
 from .crashlog import blame
 
-NOTES_DIR = "stage-notes"  # the same file lingjun_slurm/train/resume.py writes; read by status.py
 STAGE = "train"
 
 # strsignal() texts (glibc) of signals a program raises on itself: it crashed.
@@ -138,15 +136,9 @@ def decide(*, rc: int, start_iteration: int, last_iteration: int, time_limit: bo
 
 
 def write_note(run_dir: str, text: str) -> None:
-    """<run_dir>/stage-notes/train.txt: one JSON line {"time", "job", "note"} for `status`
-    (the format of lingjun_slurm/train/resume.py write_note; written whole, atomically)."""
-    from .atomicfile import atomic_write
-
-    record = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "job": os.environ.get("SLURM_JOB_ID", ""), "note": text}
+    """The stop's reason for `status` (<run_dir>/stage-notes/train.txt, stagenotes.py)."""
     try:
-        os.makedirs(os.path.join(run_dir, NOTES_DIR), exist_ok=True)
-        atomic_write(os.path.join(run_dir, NOTES_DIR, f"{STAGE}.txt"), (json.dumps(record) + "\n").encode())
+        stagenotes.write_note(run_dir, STAGE, text)
     except OSError as exc:
         print(f"lingjun-slurm: warning: cannot record the failure for `status` in {run_dir}: {exc}",
               file=sys.stderr)

@@ -26,6 +26,7 @@ from .errors import CommandError, LingjunError, SlurmUnavailable
 from .runs.manifest import Manifest, StageRecord
 from .slurm.parse import JobInfo, SlurmParseError, parse_jobcomp_filetxt
 from .slurm.queue import Choice, QueueReader, choose_reader
+from .stagenotes import NOTES_DIR
 from .transport.base import Transport
 
 STATUS_SCHEMA = 1
@@ -152,9 +153,9 @@ def aggregate(infos: list[JobInfo], now: float) -> tuple[str, Optional[str], Opt
 
 
 # <run_dir>/stage-notes/<stage>.txt: one JSON line a stage leaves for status, {"time", "job",
-# "note"} (the train stage's checkpoint fallback, lingjun_slurm/train/resume.py write_note),
-# shown in the stage's REASON while "job" is the stage's current job.
-STAGE_NOTES = "stage-notes"
+# "note"} (lingjun_slurm/stagenotes.py: the train stage's checkpoint fallback, the requeue
+# decision's stop), shown in the stage's REASON while "job" is the stage's current job.
+STAGE_NOTES = NOTES_DIR
 NOTED_STAGES = ("train",)
 EXCLUDED = "nodes/excluded.json"  # lingjun_slurm/exclusion.py RECORD
 # Notes of stages that have ended, by (path, job, restarts): they cannot change any more, so

@@ -50,13 +50,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import stagenotes
 from . import TrainError
 
 log = logging.getLogger(__name__)
 
 VERIFY_ENV = "LINGJUN_VERIFY_CHECKPOINT"
 MODES = ("cheap", "full")
-NOTES_DIR = "stage-notes"  # <run_dir>/stage-notes/<stage>.txt: read by lingjun_slurm.status
+NOTES_DIR = stagenotes.NOTES_DIR  # <run_dir>/stage-notes/<stage>.txt: read by lingjun_slurm.status
 STAGE = "train"
 # How long the other ranks wait for rank 0's check of one checkpoint (see the module's docstring).
 # With init_method tcp:// (runtime.start) rank 0 hosts the store: if it dies, the wait ends at
@@ -193,20 +194,13 @@ def fallback_line(damaged: list[tuple[str, str]], resumed: str) -> str:
 
 
 def _note_path(run_dir: str) -> Path:
-    return Path(run_dir) / NOTES_DIR / f"{STAGE}.txt"
+    return stagenotes.note_path(run_dir, STAGE)
 
 
 def write_note(run_dir: str, text: str) -> None:
-    """<run_dir>/stage-notes/train.txt: what `status` shows for the train stage, with the job it
-    belongs to ($SLURM_JOB_ID; the local executor sets it too), so a later job's row never shows
-    it. One JSON line: {"time", "job", "note"}."""
-    from ..atomicfile import atomic_write
-
-    record = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "job": os.environ.get("SLURM_JOB_ID", ""), "note": text}
+    """<run_dir>/stage-notes/train.txt: what `status` shows for the train stage (stagenotes.py)."""
     try:
-        os.makedirs(os.path.join(run_dir, NOTES_DIR), exist_ok=True)
-        atomic_write(_note_path(run_dir), (json.dumps(record) + "\n").encode())
+        stagenotes.write_note(run_dir, STAGE, text)
     except OSError as exc:
         log.warning("cannot record the checkpoint fallback for `status` in %s: %s", run_dir, exc.strerror or exc)
 
