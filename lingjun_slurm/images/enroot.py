@@ -153,8 +153,11 @@ def _eval_echo(value: str, env: dict) -> Optional[str]:
 def environment(environ=None, conf: Optional[Path] = None) -> dict:
     """The environment enroot runs with: `environ` (default os.environ) plus enroot.conf and its
     drop-ins as config::init applies them (see above). An unreadable or missing file adds nothing,
-    as with enroot (a file that fails `bash -n` makes enroot refuse to run; not checked here)."""
+    as with enroot (a file that fails `bash -n` makes enroot refuse to run; not checked here). A
+    value this cannot evaluate as enroot would (a command substitution other than $(id -u/-g)) is
+    left out, and said on stderr: the request then runs without it."""
     import os
+    import sys
 
     env = dict(os.environ if environ is None else environ)
     conf = conf if conf is not None else config_file()
@@ -168,12 +171,15 @@ def environment(environ=None, conf: Optional[Path] = None) -> dict:
         lines = text.split("\n")
         if not text.endswith("\n"):
             lines = lines[:-1]  # `read` does not return a last line without its newline
-        for line in lines:
+        for n, line in enumerate(lines, 1):
             parts = re.split(r"[ \t]*=[ \t]*|[ \t]+", line.lstrip(" \t"), maxsplit=1)
             key, value = parts[0], (parts[1] if len(parts) > 1 else "")
             if not _CONF_KEY.match(key) or env.get(key):
                 continue
             got = _eval_echo(value.rstrip(" \t"), env)
-            if got is not None:
+            if got is None:
+                print(f"lingjun-slurm: note: {path}:{n}: {key}'s value cannot be evaluated here as enroot "
+                      "would (a command substitution): not applied to this host-side request", file=sys.stderr)
+            else:
                 env[key] = got
     return env

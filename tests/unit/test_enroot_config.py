@@ -38,11 +38,12 @@ def test_the_environment_wins_and_no_is_off(tmp_path: Path) -> None:
     assert not allow_http(enroot.environment({}, conf))
 
 
-def test_what_read_would_not_see_and_unknown_substitutions(tmp_path: Path) -> None:
+def test_what_read_would_not_see_and_unknown_substitutions(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     conf = tmp_path / "enroot.conf"
     conf.write_text("ENROOT_CACHE_PATH $(hostname)/cache\nENROOT_ALLOW_HTTP yes")  # no final newline
     env = enroot.environment({}, conf)
     assert "ENROOT_CACHE_PATH" not in env and "ENROOT_ALLOW_HTTP" not in env
+    assert f"{conf}:1: ENROOT_CACHE_PATH's value cannot be evaluated" in capsys.readouterr().err
     assert enroot.environment({}, tmp_path / "absent.conf") == {}
 
 
