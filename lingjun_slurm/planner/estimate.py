@@ -123,7 +123,12 @@ def _vocab(settings: Any, planning: Any, read_tokenizer: bool) -> tuple[Optional
         return planning.vocab_size, "planning.vocab_size"
     tok_settings = settings.data.tokenizer or {}
     if tok_settings.get("type") == "null" and tok_settings.get("vocab_size"):
-        return int(tok_settings["vocab_size"]), "data.tokenizer.vocab_size (null tokenizer)"
+        # The null tokenizer's vocabulary is vocab_size + 1: its eod is the id after the last
+        # (Megatron-LM _NullTokenizer.vocab_size, megatron/training/tokenizer/tokenizer.py:813-836 at
+        # core_v0.16.1; data/tokenizer.py build() gives the trainer the same), and the trainer pads
+        # that (train/entry.py: padded_vocab_size(max(tokenizer.vocab_size, model.vocab_size), tp)).
+        return (int(tok_settings["vocab_size"]) + 1,
+                "data.tokenizer.vocab_size + 1 (the null tokenizer's eod, as Megatron-LM's _NullTokenizer)")
     if not read_tokenizer:
         return None, "the tokenizer's files are not read by validate and submit"
     from ..data.tokenizer import TokenizerSpec, build
