@@ -58,7 +58,8 @@ def checkpoint() -> None:
 def verify(ckpt_dir: Path, iteration: Optional[int], write_manifest: bool, load_tensors: bool,
            workers: Optional[int], as_json: bool) -> None:
     """Check the latest checkpoint (or --iteration N): tracker, files and sizes against the torch_dist
-    metadata, metadata.json, common.pt, megatron-core's metadata load, and the manifest's hashes."""
+    metadata, metadata.json, common.pt, megatron-core's metadata load, and the manifest's hashes.
+    A check against a manifest is recorded in iter_N/lingjun-verified.json (what `list` shows)."""
     from .checkpoint import CheckpointDamaged
     from .checkpoint.verify import verify as run_verify
 
@@ -66,9 +67,12 @@ def verify(ckpt_dir: Path, iteration: Optional[int], write_manifest: bool, load_
         report = run_verify(ckpt_dir, iteration, write_manifest=write_manifest, load_tensors=load_tensors,
                             workers=workers)
     except CheckpointDamaged as exc:
+        _record(Path(exc.path), False, exc.problems)
         if as_json:
             _emit({"ok": False, "path": exc.path, "problems": exc.problems})
         raise
+    if report.manifest == "matched":  # hashed against the manifest: a hash check that passed
+        _record(report.path, True, [])
     if as_json:
         _emit(report.to_json())
         return
@@ -77,11 +81,27 @@ def verify(ckpt_dir: Path, iteration: Optional[int], write_manifest: bool, load_
         click.echo(f"  note: {note}")
 
 
+def _record(iter_dir: Path, ok: bool, problems: list[str]) -> None:
+    """lingjun-verified.json after a hash check (only in an iteration directory with a manifest: a
+    verification without one checked no hash). A checkpoint directory that cannot be written is a
+    note on stderr, not a failure of verify."""
+    from .checkpoint.layout import ITER_RE, MANIFEST, parse_iteration, write_verified
+
+    if not (ITER_RE.fullmatch(iter_dir.name) and (iter_dir / MANIFEST).is_file()):
+        return
+    try:
+        write_verified(iter_dir, parse_iteration(iter_dir.name), ok, problems, "lingjun-slurm checkpoint verify")
+    except OSError as exc:
+        click.echo(f"note: cannot record the check in {iter_dir}: {exc.strerror or exc}", err=True)
+
+
 @checkpoint.command("list")
 @DIR
 @click.option("--json", "as_json", is_flag=True, help="Print JSON: the tracker and every iteration.")
 def list_(ckpt_dir: Path, as_json: bool) -> None:
-    """Show every iteration: state (verified, complete, incomplete, in-progress), latest, pinned, size."""
+    """Show every iteration: state (verified, damaged, complete, incomplete, in-progress), what is known of
+    its bytes (CHECK: "sha256 ok <time>" only after a hash check that nothing changed since; "sizes ok"
+    when only the sizes match the manifest), latest, pinned, size. Reads no checkpoint file whole."""
     from .checkpoint.layout import human_size, scan
 
     tracker, infos = scan(ckpt_dir)
@@ -95,10 +115,11 @@ def list_(ckpt_dir: Path, as_json: bool) -> None:
     if not infos:
         click.echo("  (no iter_* directories)")
         return
-    click.echo(f"  {'ITERATION':14} {'STATE':12} {'SIZE':>10}")
+    width = max(len("CHECK"), *(len(i.check) for i in infos))
+    click.echo(f"  {'ITERATION':14} {'STATE':12} {'CHECK':{width}} {'SIZE':>10}")
     for i in infos:
         flags = ", ".join(f for f, on in (("latest", i.latest), ("pinned", i.pinned)) if on)
-        click.echo(f"  {i.name:14} {i.state:12} {human_size(i.size_bytes):>10}  {flags}".rstrip())
+        click.echo(f"  {i.name:14} {i.state:12} {i.check:{width}} {human_size(i.size_bytes):>10}  {flags}".rstrip())
 
 
 @checkpoint.command()

@@ -96,6 +96,8 @@ def _decide(info: IterationInfo, latest: int, newest: list[int], keep: int, pinn
         return d(True, "pinned")
     if info.iteration in newest:
         return d(True, f"among the newest {keep} complete")
+    if info.state == "damaged":  # like the trainer's .damaged-<time> directories: evidence, never deleted here
+        return d(True, "its hash check failed (lingjun-verified.json): kept for a look; delete it yourself")
     if info.state == "incomplete":
         return d(False, "incomplete save older than the tracker")
     return d(False, f"older than the newest {keep} complete")

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import json
 import posixpath
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import LingjunError
 from . import manifest as mf
 from .errors import CheckpointDamaged, CheckpointError, CheckpointUsageError
 from .layout import MANIFEST, TRACKER, atomic_write, human_size, iter_name
@@ -45,8 +48,27 @@ class CopyResult:
                 "skipped": self.skipped, "tracker": self.tracker}
 
 
+@contextmanager
+def _target_errors(target: str, doing: str) -> Iterator[None]:
+    """A failure of the target's filesystem as one line naming the target (CheckpointError, exit 1):
+    fsspec's backends raise their own exceptions (paramiko's NoValidConnectionsError for an sftp://
+    port that refuses, aiohttp's and botocore's for http:// and s3://), never a traceback. The
+    tool's own errors and Ctrl-C pass through."""
+    try:
+        yield
+    except (LingjunError, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # noqa: BLE001 - any backend's failure, said in one line
+        if isinstance(exc, OSError) and exc.strerror:
+            what = exc.strerror + (f": {exc.filename}" if exc.filename else "")
+        else:
+            what = " ".join(str(exc).split()) or type(exc).__name__
+        raise CheckpointError(f"copy target {target}: cannot {doing}: {what[:300]}") from None
+
+
 def open_target(target: str) -> tuple[Any, str, bool]:
-    """(filesystem, root path on it, is_local). Refuses unknown protocols and names missing packages."""
+    """(filesystem, root path on it, is_local). Refuses unknown protocols and names missing packages;
+    a target that cannot be reached (sftp:// connects here) is one line, exit 1."""
     try:
         import fsspec
         from fsspec.implementations.local import LocalFileSystem
@@ -62,7 +84,20 @@ def open_target(target: str) -> tuple[Any, str, bool]:
                                    f"is not installed ({exc}){hint}") from None
     except ValueError as exc:
         raise CheckpointUsageError(f"copy target {target}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - connecting (sftp://) failed: one line, not a traceback
+        with _target_errors(target, "connect"):
+            raise exc
     return fs, root.rstrip("/") or "/", isinstance(fs, LocalFileSystem)
+
+
+def _overlap(ckpt_dir: Path | str, root: str) -> str | None:
+    """Why copying the checkpoint directory into a local target `root` would copy it into itself."""
+    src, dst = Path(ckpt_dir).resolve(), Path(root).resolve()
+    if dst == src:
+        return "is the checkpoint directory itself"
+    if dst.is_relative_to(src):
+        return f"is inside the checkpoint directory {src}: the copy would land among the checkpoints it copies"
+    return None
 
 
 def _join(root: str, *parts: str) -> str:
@@ -123,8 +158,9 @@ def copy_checkpoint(ckpt_dir: Path | str, target: str, iteration: int | None = N
                     workers: int | None = None) -> CopyResult:
     """Verify, copy, check the copy's hashes, then point the target's tracker at it (never backwards)."""
     fs, root, local = open_target(target)
-    if local and Path(root).resolve() == Path(ckpt_dir).resolve():
-        raise CheckpointUsageError(f"copy target {target} is the checkpoint directory itself")
+    overlap = _overlap(ckpt_dir, root) if local else None
+    if overlap:
+        raise CheckpointUsageError(f"copy target {target} {overlap}; copy it elsewhere")
     try:
         report = verify(ckpt_dir, iteration, write_manifest=True, workers=workers)
     except CheckpointDamaged as exc:
@@ -135,15 +171,19 @@ def copy_checkpoint(ckpt_dir: Path | str, target: str, iteration: int | None = N
         raise CheckpointError(f"refusing to copy {src}: " + "; ".join(problems or ["no manifest"]))
     name = iter_name(report.iteration) if isinstance(report.iteration, int) else str(report.iteration)
     dest = _join(root, name)
-    if local:
-        fs.makedirs(root, exist_ok=True)
-    skipped = _already_there(fs, dest, manifest, workers)
-    if not skipped:
-        _upload(fs, src, dest, manifest)
-        problems = _check_copy(fs, dest, manifest, workers)
-        if problems:
-            raise CheckpointDamaged(dest, [f"copy does not match the source manifest: {p}" for p in problems]
-                                    + [f"the target's {TRACKER} was not changed"])
-    tracker = _write_tracker(fs, root, local, report.iteration)
+    if local and Path(src).resolve().is_relative_to(Path(dest).resolve()):
+        raise CheckpointUsageError(f"copy target {target}: {dest} holds the checkpoint being copied "
+                                   f"({src}); copying there would replace it")
+    with _target_errors(target, "write to it"):
+        if local:
+            fs.makedirs(root, exist_ok=True)
+        skipped = _already_there(fs, dest, manifest, workers)
+        if not skipped:
+            _upload(fs, src, dest, manifest)
+            problems = _check_copy(fs, dest, manifest, workers)
+            if problems:
+                raise CheckpointDamaged(dest, [f"copy does not match the source manifest: {p}" for p in problems]
+                                        + [f"the target's {TRACKER} was not changed"])
+        tracker = _write_tracker(fs, root, local, report.iteration)
     shown = dest if "://" not in target else f"{target.rstrip('/')}/{name}"
     return CopyResult(str(src), shown, len(manifest["files"]), manifest["total_bytes"], skipped, tracker, report)

@@ -158,7 +158,8 @@ def _check_shards(torch: Any, iter_dir: Path) -> tuple[list[str], int, dict[str,
 
 
 COMMON_STATE = "common_state/"  # megatron-core >= 0.19: the ShardedObject that replaced common.pt
-COMMON_IN_SHARDS_FROM = (0, 19)
+# its unique key: ShardedObject("common_state", None, (1,), (0,)) (serialization.py :227 at core_v0.19.0)
+COMMON_STATE_KEY = "common_state/shard_0_1"
 
 
 def _common_in_shards(iter_dir: Path) -> bool:
@@ -194,17 +195,294 @@ def _megatron_core_version() -> tuple[int, ...] | None:
     return version_tuple(str(getattr(package_info, "__version__", ""))) or None
 
 
+# ---- A checkpoint this megatron-core cannot read is not damage (issue 26 item 2) ----------------------
+#
+# Evidence that a newer megatron-core wrote the checkpoint, each from the real source:
+#  - metadata.json names a field the running megatron-core's CheckpointingConfig lacks (0.16.1 builds it
+#    with CheckpointingConfig(**config_dict): TypeError on an unknown key, dist_checkpointing/core.py:72;
+#    from 0.19 unknown keys are dropped, core.py maybe_load_config), or a (sharded|common)_backend_version
+#    above every version this megatron-core registers a load strategy for (strategies/base.py
+#    get_default_strategy: "Cannot find a default strategy for ...", :29-47 at core_v0.16.1);
+#  - no common.pt, no common_backend, and the ShardedObject "common_state" in the shards: the layout of
+#    megatron-core >= 0.19 (megatron/versions.py COMMON_STATE_IN_SHARDS), on a megatron-core before it;
+#  - the common state's pickle names a class under megatron. that the running megatron-core does not have
+#    (core_v0.18's args hold megatron.core.transformer.enums.InferenceCudaGraphScope: 0.16.1 fails with
+#    "Unsupported global" under weights_only, AttributeError in find_class without).
+# The pickle is scanned with pickletools (no object is built, nothing of the checkpoint runs).
+
+
+@dataclass
+class VersionMismatch:
+    """A checkpoint the running megatron-core cannot read: intact, written by a newer one."""
+
+    running: str  # the running megatron-core's version
+    evidence: str  # what shows it, in words
+    needs: tuple[int, ...] | None = None  # the oldest megatron-core known to read it (None: unknown)
+    writer: str | None = None  # what the checkpoint records of its writer (the builtin: args.megatron_lm_version)
+
+    def line(self, name: str) -> str:
+        """One line: both versions, and what to do."""
+        from ..megatron.versions import version_text
+
+        needs = version_text(self.needs) if self.needs else None
+        evidence = self.evidence
+        if self.writer:
+            by, evidence = f"Megatron-LM {self.writer}", f"as its args record; {evidence}"
+        elif needs:
+            by = f"megatron-core >= {needs}"
+        else:
+            by = f"a megatron-core newer than {self.running}"
+        todo = (f"run with megatron-core >= {needs} (a container image with Megatron-LM >= {needs}, declared as "
+                f"megatron_lm.version)" if needs else
+                "run with the megatron-core that wrote it (a container image of that Megatron-LM)")
+        return (f"{name}: saved by {by} ({evidence}), which this megatron-core {self.running} cannot load: "
+                f"{todo}, or resume from another checkpoint directory (checkpoint.dir; Megatron-LM: --load); "
+                "the checkpoint is intact and was left as it is")
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _registered_versions() -> dict[str, dict[str, int]]:
+    """{"load_sharded"/"load_common": {backend: newest version}} this megatron-core has load strategies for
+    (strategies/base.py default_strategies, core_v0.16.1 :29-47; changed in 0.18, gone in 0.19: then {},
+    and the backend-version check is skipped)."""
+    try:
+        from megatron.core.dist_checkpointing.strategies import base
+    except ImportError:
+        return {}
+    try:
+        from megatron.core.dist_checkpointing.strategies.torch import register_default_torch_strategies
+
+        register_default_torch_strategies()  # get_default_strategy registers them lazily (base.py :34-36)
+    except Exception:
+        pass
+    out: dict[str, dict[str, int]] = {}
+    for action, table in getattr(base, "default_strategies", {}).items():
+        for backend, version in table:
+            if isinstance(version, int):
+                newest = out.setdefault(str(action), {})
+                newest[backend] = max(version, newest.get(backend, version))
+    return out
+
+
+def _config_mismatch(iter_dir: Path) -> str | None:
+    import dataclasses
+
+    from megatron.core.dist_checkpointing.core import CheckpointingConfig, maybe_load_config
+
+    try:
+        config = json.loads((iter_dir / MEGATRON_CONFIG).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # missing or unreadable: _check_config's damage
+    if not isinstance(config, dict):
+        return None
+    known = {f.name for f in dataclasses.fields(CheckpointingConfig)}
+    unknown = sorted(str(k) for k in config if k not in known)
+    if unknown:
+        try:  # the running megatron-core's own reader: 0.16 refuses unknown fields, 0.19 drops them
+            with _quiet():
+                maybe_load_config(str(iter_dir))
+        except TypeError:
+            return f"{MEGATRON_CONFIG} has {', '.join(unknown)}, which this megatron-core's CheckpointingConfig lacks"
+        except Exception:
+            return None
+    registered = _registered_versions()
+    for kind, action in (("sharded", "load_sharded"), ("common", "load_common")):
+        backend, version = config.get(f"{kind}_backend"), config.get(f"{kind}_backend_version")
+        newest = registered.get(action, {}).get(backend) if isinstance(backend, str) else None
+        if newest is not None and isinstance(version, int) and not isinstance(version, bool) and version > newest:
+            return (f"{MEGATRON_CONFIG} says {kind}_backend {backend} version {version}; this megatron-core reads "
+                    f"up to version {newest}")
+    return None
+
+
+def _common_state_bytes(iter_dir: Path) -> bytes | None:
+    """The torch.save archive of the common state: common.pt, or (megatron-core >= 0.19) the bytes of the
+    shards' common_state object, read at the offset .metadata records (torch's _StorageInfo, filesystem.py);
+    None when there is none or it cannot be read that way."""
+    path = iter_dir / COMMON
+    try:
+        if path.is_file():
+            return path.read_bytes()
+        from torch.distributed.checkpoint import FileSystemReader
+
+        with _quiet():
+            metadata = FileSystemReader(str(iter_dir)).read_metadata()
+        for index, info in (metadata.storage_data or {}).items():
+            if getattr(index, "fqn", None) == COMMON_STATE_KEY and not getattr(info, "transform_descriptors", None):
+                with open(iter_dir / str(info.relative_path), "rb") as fh:
+                    fh.seek(int(info.offset))
+                    return fh.read(int(info.length))
+    except Exception:  # damaged: the checks for damage say so
+        return None
+    return None
+
+
+def pickled_globals(archive: bytes) -> list[tuple[str, str]]:
+    """(module, name) of every class or function the pickle of a torch.save archive names (GLOBAL and
+    STACK_GLOBAL), read with pickletools: nothing is imported or built. [] when it cannot be read."""
+    import io
+    import pickletools
+
+    try:
+        with zipfile.ZipFile(io.BytesIO(archive)) as zf:
+            member = next(n for n in zf.namelist() if n == "data.pkl" or n.endswith("/data.pkl"))
+            data = zf.read(member)
+        found: list[tuple[str, str]] = []
+        pushed: list[Any] = []  # what each opcode pushed (strings; None for anything else)
+        memo: dict[Any, Any] = {}
+        for op, arg, _pos in pickletools.genops(data):
+            if op.name == "GLOBAL":
+                module, _, name = str(arg).partition(" ")
+                found.append((module, name))
+                pushed.append(None)
+            elif op.name == "STACK_GLOBAL":
+                if len(pushed) >= 2 and isinstance(pushed[-2], str) and isinstance(pushed[-1], str):
+                    found.append((pushed[-2], pushed[-1]))
+                pushed.append(None)
+            elif op.name in ("SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE"):
+                pushed.append(arg)
+            elif op.name == "MEMOIZE":
+                memo[len(memo)] = pushed[-1] if pushed else None
+            elif op.name in ("PUT", "BINPUT", "LONG_BINPUT"):
+                memo[arg] = pushed[-1] if pushed else None
+            elif op.name in ("GET", "BINGET", "LONG_BINGET"):
+                pushed.append(memo.get(arg))
+            else:
+                pushed.append(None)
+    except Exception:
+        return []
+    return list(dict.fromkeys(found))
+
+
+def missing_here(module: str, name: str) -> bool:
+    """True when megatron-core's `module`.`name` (name "": the module itself) does not exist in the running
+    megatron-core (what pickle's find_class would fail on). Only names under megatron. are looked up (and
+    imported)."""
+    import importlib.util
+
+    if module != "megatron" and not module.startswith("megatron."):
+        return False
+    try:
+        if importlib.util.find_spec(module) is None:
+            return True
+    except ModuleNotFoundError:
+        return True  # a parent package is missing
+    except Exception:
+        return False
+    if not name:
+        return False
+    try:
+        with _quiet():
+            obj: Any = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        return bool(exc.name) and (exc.name == module or module.startswith(f"{exc.name}."))
+    except Exception:
+        return False  # broken for another reason (a missing dependency): not a question of versions
+    for part in name.split("."):
+        if not hasattr(obj, part):
+            return True
+        obj = getattr(obj, part)
+    return False
+
+
+def _missing_classes_mismatch(names: list[str], running: str) -> VersionMismatch:
+    from ..megatron.versions import CLASSES_SINCE
+
+    since = [CLASSES_SINCE[n] for n in names if n in CLASSES_SINCE]
+    what = ", ".join(names)
+    return VersionMismatch(running, f"its common state pickles {what}, which megatron-core {running} does not have",
+                           needs=max(since) if since and len(since) == len(names) else None)
+
+
+def _recorded_writer(archive: bytes | None) -> str | None:
+    """args.megatron_lm_version of a common state that unpickles here with weights_only=True (the builtin
+    trainer records the run's megatron_lm.version there; Megatron-LM records no version of its own)."""
+    import io
+
+    if archive is None:
+        return None
+    try:
+        torch, _ = _imports()
+        with _quiet():
+            state = torch.load(io.BytesIO(archive), map_location="cpu", weights_only=True)
+        if isinstance(state, (list, tuple)) and len(state) == 1:  # the shards' common_state: [state_dict]
+            state = state[0]
+        version = getattr(state.get("args"), "megatron_lm_version", None) if isinstance(state, dict) else None
+    except Exception:
+        return None
+    return str(version) if isinstance(version, (str, int, float)) and str(version).strip() else None
+
+
+def version_mismatch(iter_dir: Path) -> VersionMismatch | None:
+    """Why the running megatron-core cannot read this (otherwise intact) checkpoint, or None: see above.
+    None as well without megatron-core (nothing to compare with)."""
+    from ..megatron.versions import COMMON_STATE_IN_SHARDS
+
+    have = _megatron_core_version()
+    if have is None:
+        return None
+    running = ".".join(map(str, have))
+    found = _config_mismatch(iter_dir)
+    mismatch = VersionMismatch(running, found) if found else None
+    if mismatch is None and not (iter_dir / COMMON).is_file() and _common_in_shards(iter_dir) \
+            and tuple(have[:3]) < COMMON_STATE_IN_SHARDS:
+        mismatch = VersionMismatch(running, f"its common state is inside the shards, no {COMMON}",
+                                   needs=COMMON_STATE_IN_SHARDS)
+    archive = _common_state_bytes(iter_dir)
+    if mismatch is None and archive is not None:
+        lacking = [f"{m}.{n}" for m, n in pickled_globals(archive) if missing_here(m, n)]
+        if lacking:
+            return _missing_classes_mismatch(lacking, running)
+    if mismatch is not None:
+        mismatch.writer = _recorded_writer(archive)
+    return mismatch
+
+
+# What a failed load says when a class of the checkpoint is missing here: torch.load(weights_only=True)'s
+# WeightsUnpickler ("Unsupported global: GLOBAL megatron.x.Y was not an allowed global", torch/_weights_only_
+# unpickler.py), pickle's find_class ("Can't get attribute 'Y' on <module 'megatron.x' ...>") and the import
+# ("No module named 'megatron.x'").
+_GLOBAL_PATTERNS = (
+    r"Unsupported global: GLOBAL (?P<dotted>megatron(?:\.\w+)+)",
+    r"Can't get attribute '(?P<name>[\w.]+)' on <module '(?P<module>megatron(?:\.\w+)*)'",
+    r"No module named '(?P<gone>megatron(?:\.\w+)+)'",
+)
+
+
+def mismatch_from_error(text: str) -> VersionMismatch | None:
+    """The VersionMismatch a load error's text shows (a class or module under megatron. that the running
+    megatron-core lacks), or None: anything else is for the caller to judge."""
+    import re
+
+    have = _megatron_core_version()
+    if have is None:
+        return None
+    names: list[str] = []
+    for pattern in _GLOBAL_PATTERNS:
+        for m in re.finditer(pattern, text):
+            if m.groupdict().get("dotted"):
+                module, _, name = m.group("dotted").rpartition(".")
+            elif m.groupdict().get("gone"):
+                module, name = m.group("gone"), ""
+            else:
+                module, name = m.group("module"), m.group("name")
+            if missing_here(module, name):
+                names.append(f"{module}.{name}" if name else module)
+    if not names:
+        return None
+    return _missing_classes_mismatch(list(dict.fromkeys(names)), ".".join(map(str, have)))
+
+
 def _check_common(torch: Any, iter_dir: Path, iteration: int | str, notes: list[str]) -> tuple[list[str], bool]:
     """(problems, loadable with weights_only=True: False also when there is no common.pt to load)."""
     path = iter_dir / COMMON
     if not path.is_file():
         if not _common_in_shards(iter_dir):
             return [f"{COMMON} is missing"], False
-        have = _megatron_core_version()
-        if have is not None and have < COMMON_IN_SHARDS_FROM:
-            return [f"saved by megatron-core >= 0.19 (its common state is inside the shards, no {COMMON}), which "
-                    f"this megatron-core {'.'.join(map(str, have))} cannot load: run with megatron-core >= 0.19"], False
-        notes.append(f"no {COMMON}: the common state is the shards' {COMMON_STATE}shard_0_1 (megatron-core >= 0.19)")
+        # Not damage, whichever megatron-core runs here: version_mismatch says when this one cannot read it.
+        notes.append(f"no {COMMON}: the common state is the shards' {COMMON_STATE_KEY} (megatron-core >= 0.19)")
         return [], False
     try:
         with zipfile.ZipFile(path) as zf:
@@ -338,7 +616,12 @@ def verify(ckpt_dir: Path | str, iteration: int | None = None, *, write_manifest
     tensors = objects = 0
     if not problems and have_megatron:
         gproblems, tensors, objects = _megatron_checks(iter_dir, common_ok, load_tensors)
-        problems += gproblems
+        mismatch = version_mismatch(iter_dir)
+        if mismatch is None:
+            problems += gproblems
+        else:  # not damage: its files passed, and this megatron-core is too old to read what they hold
+            failed = f"; megatron-core's own check failed here: {gproblems[0]}" if gproblems else ""
+            notes.append(f"not damaged, but {mismatch.line(iter_dir.name)}{failed}")
     elif not have_megatron:
         notes.append("megatron-core is not installed: its metadata load was skipped")
     if problems:

@@ -30,6 +30,38 @@ HF_SPECIAL_TOKENS_DEFAULT = (0, 17, 0)
 # core_v0.18.0: NullTokenizer(--vocab-size N) has N ids with eod N-1; before, N+1 ids with eod N.
 NULL_VOCAB_HOLDS_EOD = (0, 18, 0)
 
+# Checkpoints: what a megatron-core older than the writer cannot read (docs/megatron-versions.md,
+# "A checkpoint of a newer megatron-core"; lingjun_slurm/checkpoint/verify.py version_mismatch).
+# megatron-core records no version of its own in a checkpoint (metadata.json is CheckpointingConfig:
+# sharded_backend, sharded_backend_version and, up to 0.18, common_backend[_version];
+# dist_checkpointing/core.py at core_v0.16.1 and core_v0.19.0), so the version is read from evidence.
+#
+# core_v0.19.0 (Megatron-LM commit 40b1fd37c1 "deprecate common strategy", 2026-07-08): no common.pt;
+# the common state (args, iteration, ...) is the ShardedObject "common_state" inside the .distcp shards
+# and metadata.json has no common_backend (dist_checkpointing/serialization.py save :439-445,
+# load_common_state_dict :206-237, which still reads a legacy common.pt). megatron-core 0.16.1's
+# load_common_state_dict reads common.pt only (strategies/common.py load_common :74-97).
+COMMON_STATE_IN_SHARDS = (0, 19, 0)
+# Classes Megatron-LM pickles into a checkpoint's common state (its args), by the first release that
+# has them: an older megatron-core cannot unpickle that state (pickle's find_class: AttributeError,
+# or torch.load(weights_only=True)'s "Unsupported global"). Found with pickletools in the common state
+# of the checkpoints of tests/fixtures/megatron/checkpoints (core_v0.16.1 .. main d98e8a6), each
+# class looked up at every tag: the others (megatron.core.enums.ModelType,
+# megatron.core.transformer.enums.AttnBackend, megatron.core.rerun_state_machine.RerunMode/RerunState)
+# are in core_v0.16.0 already. A class that is not listed here is named as "newer than" the running one.
+CLASSES_SINCE: dict[str, Version] = {
+    # core_v0.18.0 megatron/core/transformer/enums.py:101 (absent at core_v0.17.1); in args from 0.18
+    "megatron.core.transformer.enums.InferenceCudaGraphScope": (0, 18, 0),
+}
+
+
+def version_text(version: tuple[int, ...]) -> str:
+    """(0, 19, 0) -> '0.19'; (0, 18, 2) -> '0.18.2'."""
+    parts = list(version)
+    while len(parts) > 2 and parts[-1] == 0:
+        parts.pop()
+    return ".".join(map(str, parts))
+
 _CORE_RE = re.compile(r"^(?:core_[vr])?v?(\d+)\.(\d+)(?:\.(\d+))?(?:rc\d+)?$")
 _CALENDAR_RE = re.compile(r"^(\d{2})\.(\d{2})(?:[.-].*)?$")
 

@@ -38,6 +38,13 @@ def run(cfg: dict[str, Any]) -> None:
         raise CheckpointError(f"no checkpoint at all: {ckpt_dir} does not exist (did training save one?)")
     if cfg.get("verify", True):
         report = verify(ckpt_dir, write_manifest=True)
+        if report.manifest == "matched":  # a hash check passed: what `checkpoint list` calls "verified"
+            from ..checkpoint.layout import write_verified
+
+            try:
+                write_verified(report.path, report.iteration, True, [], "the checkpoint stage")
+            except OSError as exc:
+                _say(f"note: cannot record the hash check in {report.path}: {exc.strerror or exc}")
         _say(report.summary())
         for note in report.notes:
             _say(f"note: {note}")
@@ -60,6 +67,9 @@ def main(plan: dict) -> int:
     except LingjunError as exc:
         print(f"lingjun-slurm: checkpoint stage of run {plan.get('run_id', '?')} failed: {exc}",
               file=sys.stderr, flush=True)
+        from .. import stagenotes
+
+        stagenotes.note_failure(stagenotes.run_dir_of(plan), "checkpoint", str(exc))
         return 1
     except KeyError as exc:
         print(f"lingjun-slurm: checkpoint stage: the plan has no settings.checkpoint ({exc})", file=sys.stderr)

@@ -53,6 +53,7 @@ import random
 import shutil
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from . import TrainError
@@ -356,6 +357,14 @@ def save(ckpt_dir: str, model: Any, optimizer: Any, scheduler: Any, settings: Tr
     (as Megatron-LM's save_checkpoint: the tracker is written in the finalize step, after the
     save, megatron/training/checkpointing.py:1074-1084 at d98e8a64).
 
+    Between the two, lingjun-manifest.json: each rank hashes the files it wrote and rank 0 writes
+    the manifest of them all (train/hashcheck.py save_manifest), so a fresh checkpoint is
+    hash-checked at its next load. The order is save (metadata.json last) -> every rank's hashes ->
+    manifest (atomic rename) -> tracker: a manifest never describes a partial save, and a tracker
+    never names a checkpoint without one. The hashing re-reads the files just written (from the page
+    cache, in parallel across the ranks and on threads); its time is in the "saved checkpoint" log
+    line and in the seconds returned.
+
     A directory of this iteration that is newer than the tracker is an unfinished save (damaged
     directories were renamed aside at the resume, resume.move_aside): it is removed. A save that runs out
     of space is one line naming the mount point; the half-written directory is left, the tracker
@@ -397,8 +406,21 @@ def save(ckpt_dir: str, model: Any, optimizer: Any, scheduler: Any, settings: Tr
             raise TrainError(f"{full} writing checkpoint {path} (iteration {progress.iteration})") from None
         raise TrainError(f"cannot save checkpoint {path} (iteration {progress.iteration}): "
                          f"{describe_exception(exc)}") from None
+    from . import hashcheck
+
     try:
         _barrier()  # every rank's shards are on disk
+        files, size, secs = hashcheck.save_manifest(rt, path, progress.iteration)
+        log.info("hashed checkpoint %s for its manifest: %d files, %.1f MiB in %.2f s", path, files, size / 2**20, secs)
+    except OSError as exc:
+        full = _no_space(path, exc)
+        if full:
+            raise TrainError(f"{full} writing the manifest of checkpoint {path} (iteration {progress.iteration}); "
+                             "the tracker still names the previous checkpoint") from None
+        raise TrainError(f"cannot write the manifest of checkpoint {path} (iteration {progress.iteration}): "
+                         f"{exc.strerror or exc}") from None
+    try:
+        _barrier()  # the manifest is written
         if rt.rank == 0:
             write_tracker(ckpt_dir, progress.iteration)
     except OSError as exc:
@@ -412,32 +434,77 @@ def save(ckpt_dir: str, model: Any, optimizer: Any, scheduler: Any, settings: Tr
 
 
 def latest(ckpt_dir: str) -> int | None:
-    """The tracker's iteration; None without a checkpoint; TrainError when the tracker is unusable
-    (not a number: Megatron-LM's read_metadata exits too, checkpointing.py:388-405 at d98e8a64)."""
-    from ..checkpoint import read_tracker
+    """The iteration to resume from: the tracker's; without a tracker, the newest complete
+    iteration directory (metadata.json, which dist_checkpointing.save writes last: a save whose
+    tracker write failed, e.g. on a full disk); None for a start from scratch. TrainError when the
+    tracker is unusable (not a number: Megatron-LM's read_metadata exits too, checkpointing.py
+    :388-405 at d98e8a64) or unreadable.
+
+    An iteration directory that no tracker names (no tracker, or newer than the tracker's) and that
+    is incomplete (no metadata.json: the save died, e.g. ENOSPC) is moved aside to
+    iter_NNNNNNN.incomplete-<UTC> (kept, never deleted), with a log line saying where training
+    starts. Moved by one process only: rank 0 once the process group is up, or a 1-process run."""
+    from ..checkpoint import iter_name, read_tracker
+    from ..checkpoint.layout import MEGATRON_CONFIG, iterations
 
     if not os.path.isdir(ckpt_dir):
         return None
     tracker = read_tracker(ckpt_dir)
-    if tracker.raw is None:
-        found = sorted(n for n in os.listdir(ckpt_dir) if re.fullmatch(r"iter_\d{7}", n))
-        missing = not os.path.exists(tracker.path)
-        if missing and not found:
-            return None
-        # Iteration directories without a readable tracker: starting from 0 would later delete
-        # them as "unfinished saves". Make the user decide.
-        raise TrainError(f"cannot resume: {tracker.problem}; {ckpt_dir} holds {', '.join(found[-3:]) or 'no'} "
-                         "iteration directories. Restore the tracker (`lingjun-slurm checkpoint list DIR` shows "
-                         "which are complete) or move the directory aside to start from scratch")
-    if tracker.problem:
+    if tracker.raw is None and os.path.exists(tracker.path):  # there, but unreadable (EACCES, EIO)
+        raise TrainError(f"cannot resume: {tracker.problem}")
+    if tracker.raw is not None and tracker.problem:
         raise TrainError(f"cannot resume: {tracker.problem}")
     if tracker.release:
         raise TrainError(f"cannot resume from {ckpt_dir}: the tracker says 'release' (a converted or final "
                          "checkpoint); the builtin trainer resumes only from iter_NNNNNNN checkpoints")
-    assert tracker.iteration is not None
+    named = -1 if tracker.iteration is None else tracker.iteration
+    found = [(it, path) for it, path in iterations(Path(ckpt_dir)) if it > named]
+    unfinished = [path for _it, path in found if not (path / MEGATRON_CONFIG).is_file()]
+    complete = [it for it, path in found if (path / MEGATRON_CONFIG).is_file()]
+    if tracker.iteration is not None:
+        start: int | None = tracker.iteration
+        said = f"resuming from {iter_name(tracker.iteration)} (the tracker's)"
+    elif complete:
+        start = complete[-1]
+        said = (f"no {tracker.path.name}: resuming from {iter_name(start)}, the newest complete checkpoint "
+                "(its save finished; the tracker was not written)")
+    else:
+        start, said = None, "no complete checkpoint: training starts from scratch"
+    if unfinished and _may_tidy():
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        for path in unfinished:
+            aside = path.with_name(f"{path.name}.incomplete-{stamp}")
+            try:
+                os.rename(path, aside)
+            except OSError as exc:
+                log.warning("cannot move the incomplete %s aside: %s", path, exc.strerror or exc)
+                continue
+            log.warning("moved the incomplete %s aside to %s: no tracker names it and it has no %s (a save that "
+                        "did not finish; kept, delete it to free its space); %s", path, aside.name,
+                        MEGATRON_CONFIG, said)
+    elif tracker.iteration is None and complete and _may_tidy() and ckpt_dir not in _SAID:
+        _SAID.add(ckpt_dir)
+        log.warning("%s: %s", ckpt_dir, said)
     # A tracker that names a missing directory is resume.resume's to handle: it falls back to the
     # newest older directory that passes its check.
-    return tracker.iteration
+    return start
+
+
+_SAID: set[str] = set()  # checkpoint directories whose untracked start latest() has logged
+
+
+def _may_tidy() -> bool:
+    """Whether this process is the one that moves directories aside: rank 0 of an initialized
+    process group, or the only process (a world of 1). Imports no torch (entry.py calls latest()
+    before it does)."""
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank() == 0
+    from .runtime import dist_env
+
+    return dist_env().world_size == 1
 
 
 def _inner_optimizers(optimizer: Any) -> list[tuple[Any, Any]]:
@@ -523,8 +590,30 @@ _READ_FAILURES = ("PytorchStreamReader", "UnpicklingError", "EOFError", "Ran out
                   "No such file", "Input/output error", "BadZipFile", "UnicodeDecodeError")
 
 
+class CheckpointVersionError(TrainError):
+    """The checkpoint is intact but written by a megatron-core newer than the running one (issue 26 item
+    2): not damage. Resume stops here (exit 1, one line): nothing is renamed, nothing trained again, no
+    older checkpoint is taken instead. `mismatch`: lingjun_slurm.checkpoint.verify.VersionMismatch."""
+
+    def __init__(self, message: str, mismatch: Any) -> None:
+        super().__init__(message)
+        self.mismatch = mismatch
+
+
+def version_error(ckpt_dir: str, name: str, mismatch: Any) -> CheckpointVersionError:
+    """The one line for a checkpoint this megatron-core cannot read (verify.VersionMismatch.line)."""
+    return CheckpointVersionError(f"cannot resume from {ckpt_dir}: {mismatch.line(name)}", mismatch)
+
+
 def _load_failed(path: str, iteration: int, exc: BaseException) -> TrainError:
+    from ..checkpoint.verify import mismatch_from_error
+
     text = describe_exception(exc)
+    # A class or module of megatron-core that this one lacks ("Unsupported global: GLOBAL megatron....",
+    # pickle's "Can't get attribute"): a newer writer, not damage, although it is an UnpicklingError too.
+    mismatch = mismatch_from_error(text)
+    if mismatch is not None:
+        return version_error(os.path.dirname(path), os.path.basename(path), mismatch)
     message = f"cannot load checkpoint {path} (iteration {iteration}): {text}{_rng_hint(text)}"
     if any(marker in text for marker in _READ_FAILURES):
         return CheckpointReadError(message, f"the load failed: {text}")

@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 import time
+from typing import Any
 
 from . import TrainError
 from .settings import TrainSettings
@@ -54,6 +55,21 @@ _QUIET_WARNINGS = (
 )
 
 
+# megatron-core's checkpoint writer logs a worker's exception before it raises it
+# ("Local process 0 encountered an error: [enforce fail at inline_container.cc:672] . unexpected pos
+# 704 vs 598" on a full disk: megatron/core/dist_checkpointing/strategies/filesystem_async.py,
+# write_preloaded_data_multiproc, lines 320-326 of the megatron-core 0.16.1 wheel). The same
+# exception reaches ckpt.save(), which says it in the tool's one line ("no space left on <mount>
+# writing checkpoint ..." via ckpt._no_space, else "cannot save checkpoint ...: <the error>"), so the
+# log record only repeats it, in torch's words (issue 26 item 6).
+_WRITER_LOGGER = "megatron.core.dist_checkpointing.strategies.filesystem_async"
+
+
+def _drop_writer_error_repeat(record: logging.LogRecord) -> bool:
+    return not (record.name == _WRITER_LOGGER and record.getMessage().startswith("Local process ")
+                and " encountered an error: " in record.getMessage())
+
+
 def setup_logging(rank: int) -> None:
     """Rank 0 logs INFO, the others warnings and errors; megatron-core's own INFO chatter is muted."""
     import warnings
@@ -67,9 +83,22 @@ def setup_logging(rank: int) -> None:
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(logging.Formatter(fmt, "%Y-%m-%d %H:%M:%S"))
     handler._lingjun_train = True  # type: ignore[attr-defined]
+    handler.addFilter(_drop_writer_error_repeat)
     root.addHandler(handler)
     root.setLevel(logging.WARNING)
     logging.getLogger("lingjun_slurm").setLevel(logging.INFO if rank == 0 else logging.WARNING)
+
+
+def _check_finished(ckpt_dir: str, iteration: int, mode: str) -> list[str]:
+    """resume.check of the last checkpoint of a finished run: one of a newer megatron-core is intact,
+    and there is nothing to train, so it is not loaded (the run stays done; a warning says why)."""
+    from . import ckpt, resume
+
+    try:
+        return resume.check(ckpt_dir, iteration, mode)
+    except ckpt.CheckpointVersionError as exc:
+        log.warning("%s (nothing to train: it is not loaded)", exc)
+        return []
 
 
 def _stop_at() -> int | None:
@@ -104,6 +133,7 @@ def run(settings: TrainSettings) -> int:
     stop_flag = StopFlag()
     stop_flag.install()  # before the slow setup: a signal during it still ends in a clean save
     mx: metrics.Metrics | None = None
+    started: dict[int, Any] = {}
     try:
         import torch
 
@@ -117,16 +147,21 @@ def run(settings: TrainSettings) -> int:
         checked: dict[int, list[str]] = {}
         if finished:  # check the last checkpoint too: a missing or damaged one is trained again
             assert start_iter is not None
-            problems = resume.from_rank0(rt, lambda: resume.check(settings.checkpoint.dir, start_iter, verify_mode))
+            problems = resume.from_rank0(rt, lambda: _check_finished(settings.checkpoint.dir, start_iter, verify_mode))
             if not problems:
                 if rt.rank == 0:
                     resume.clear_note(settings.run_dir)
                 log.info("checkpoint %s is at iteration %d of %d (checked %s): nothing to train",
                          settings.checkpoint.dir, start_iter, total,
-                         "with hashes" if verify_mode == "full" else "structure and sizes")
+                         resume.checked_as(verify_mode, f"iter_{start_iter:07d}"))
                 return 0
             checked[start_iter] = problems
             data.check_prefix(settings.data.prefix)
+        # The tracker's checkpoint: its check starts now, so the hashing (threads on every rank) runs
+        # while the model and the datasets are built; its verdict is taken before the load
+        # (resume.resume, started=): nothing of a checkpoint that fails is ever loaded.
+        started = ({start_iter: resume.start_check(rt, settings.checkpoint.dir, start_iter, verify_mode)}
+                   if start_iter is not None and start_iter not in checked else {})
         mx = metrics.Metrics(settings.metrics_path, settings.run_id, enabled=rt.rank == 0,
                              log_interval=settings.training.log_interval)
         vocab = model.padded_vocab_size(max(tokenizer.vocab_size, settings.model.vocab_size or 0), rt.tp)
@@ -151,11 +186,11 @@ def run(settings: TrainSettings) -> int:
             outcome = resume.resume(
                 settings, rt, start_iter,
                 lambda it: ckpt.load(settings.checkpoint.dir, it, ddp, optimizer, scheduler, settings, rt, vocab),
-                mx, verify_mode, checked)
+                mx, verify_mode, checked, started)
             tr.progress = outcome.progress
             log.info("resumed from %s/iter_%07d (consumed samples %d; checked %s) in %.2f s", settings.checkpoint.dir,
                      outcome.iteration, tr.progress.consumed_train_samples,
-                     "with hashes" if verify_mode == "full" else "structure and sizes", time.perf_counter() - t0)
+                     resume.checked_as(verify_mode, f"iter_{outcome.iteration:07d}"), time.perf_counter() - t0)
         if start_iter is None:  # Megatron-LM's DataLoaders draw here too; a resume restores the state after them
             data.megatron_loader_draws(rt, data.megatron_split_count(settings, valid_ds))
         params = model.count_parameters(ddp)
@@ -177,6 +212,19 @@ def run(settings: TrainSettings) -> int:
         reason = train(tr, mx, stop_flag, stop_at=stop_at)
         mx.record("stop", iteration=tr.progress.iteration, reason=reason)
         return 0
+    except ckpt.CheckpointVersionError as exc:
+        # A checkpoint of a newer megatron-core (issue 26 item 2): the stage ends with this one line
+        # (stages/train.py, exit 1) and `status` shows it as the train stage's REASON (stagenotes.py).
+        if env.rank == 0:
+            resume.write_note(settings.run_dir, str(exc))
+        raise
+    except BaseException as exc:
+        # Failed between starting the hash check and taking its verdict (the model build, say): the
+        # other ranks are told at once, instead of waiting for this rank's share (hashcheck.Pending).
+        for _problems, pending in started.values():
+            if pending is not None:
+                pending.abort(f"{type(exc).__name__}: {exc}")
+        raise
     finally:
         stop_flag.uninstall()
         if mx is not None:

@@ -36,14 +36,17 @@ def test_list_text_and_json(ckpt: Path) -> None:
     from lingjun_slurm.checkpoint.layout import dir_size, human_size
 
     size = human_size(dir_size(ckpt / "iter_0000010")[1])
-    assert lines[2].split() == ["iter_0000010", "complete", *size.split(), "pinned"]
+    assert lines[1].split() == ["ITERATION", "STATE", "CHECK", "SIZE"]
+    assert lines[2].split() == ["iter_0000010", "complete", "no", "manifest", *size.split(), "pinned"]
     assert lines[4].split()[-1] == "latest"
     code, out = run("list", ckpt, "--json")
     data = json.loads(out)
     assert data["tracker"] == {"value": "30", "iteration": 30, "release": False, "problem": None}
-    assert [(i["name"], i["state"], i["pinned"], i["latest"]) for i in data["iterations"]] == [
-        ("iter_0000010", "complete", True, False), ("iter_0000020", "complete", False, False),
-        ("iter_0000030", "complete", False, True)]
+    assert [(i["name"], i["state"], i["check"], i["verified_at"], i["pinned"], i["latest"])
+            for i in data["iterations"]] == [
+        ("iter_0000010", "complete", "no manifest", None, True, False),
+        ("iter_0000020", "complete", "no manifest", None, False, False),
+        ("iter_0000030", "complete", "no manifest", None, False, True)]
     assert run("unpin", ckpt, "10") == (0, "unpinned: iter_0000010\n")
 
 

@@ -67,6 +67,23 @@ def test_incomplete_saves_do_not_count_and_are_deleted(ckpt: Path) -> None:
                          "iter_0000030": (True, "the tracker's (resume point)")}
 
 
+def test_a_checkpoint_whose_hash_check_failed_is_kept_and_not_counted(ckpt: Path) -> None:
+    """Damage is evidence (the trainer renames it aside, never deletes it): prune keeps it too,
+    and it does not count among the newest complete ones."""
+    from lingjun_slurm.checkpoint import manifest as mf
+    from lingjun_slurm.checkpoint.layout import write_verified
+
+    mf.write(ckpt / "iter_0000020", 20)
+    write_verified(ckpt / "iter_0000020", 20, False, ["hash mismatch in __0_0.distcp"], "test")
+    assert scan(ckpt)[1][1].state == "damaged"
+    plan = plan_prune(ckpt, keep=2)
+    decisions = {d.name: (d.keep, d.reason) for d in plan.decisions}
+    assert decisions["iter_0000010"] == (True, "among the newest 2 complete")
+    assert decisions["iter_0000020"][0] is True and "hash check failed" in decisions["iter_0000020"][1]
+    prune(ckpt, keep=1)
+    assert names(ckpt) == ["iter_0000010", "iter_0000020", "iter_0000030"][1:]
+
+
 def test_leftovers_of_an_interrupted_prune_are_removed(ckpt: Path) -> None:
     (ckpt / "iter_0000010").rename(ckpt / ".iter_0000010.lingjun-deleting")
     plan = prune(ckpt, keep=3)

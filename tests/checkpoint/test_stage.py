@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +29,11 @@ def test_verify_manifest_prune_copy(ckpt: Path, tmp_path: Path, capsys: pytest.C
     assert sorted(p.name for p in ckpt.glob("iter_*")) == ["iter_0000020", "iter_0000030"]
     assert (ckpt / "iter_0000030" / MANIFEST).is_file()
     assert (tmp_path / "copy" / TRACKER).read_text().strip() == "30"
+    assert not (ckpt / "iter_0000030" / "lingjun-verified.json").exists()  # written now, not yet checked
     assert main(plan(ckpt)) == 0  # again: the manifest now matches
     assert "hashes match the manifest" in capsys.readouterr().out
+    # a hash check passed: `checkpoint list` calls it verified (checkpoint/layout.py write_verified)
+    assert json.loads((ckpt / "iter_0000030" / "lingjun-verified.json").read_text())["ok"] is True
 
 
 def test_damaged_latest_stops_before_pruning(ckpt: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -189,7 +189,7 @@ def test_readme_main_job_runs_end_to_end(tmp_path: Path, env: dict[str, str]) ->
     train = {r["iteration"]: r["loss"] for r in records if r["type"] == "train"}
     first, last = train[min(train)], train[max(train)]
     assert max(train) == 300 and last < first - 3.0, (first, last)
-    assert "manifest written" in cli("logs", run_id, "checkpoint", env=env).stdout
+    assert "hashes match the manifest" in cli("logs", run_id, "checkpoint", env=env).stdout
     # issue 16 item 4: the report of this run, its data checked against the run's own records
     from lingjun_slurm.report.page import embedded_data
 

@@ -85,7 +85,7 @@ def test_whole_chain_with_a_two_node_train_stage(tmp_path: Path, slurm_env: dict
                  if json.loads(line)["type"] == "start")
     assert (start["world_size"], start["tp"], start["dp"]) == (4, 2, 2), start
     verify(tmp_path / layout / "checkpoints")
-    assert "manifest written" in cli("logs", run_id, "checkpoint", env=slurm_env).stdout
+    assert "hashes match the manifest" in cli("logs", run_id, "checkpoint", env=slurm_env).stdout
 
 
 @pytest.mark.slurm

@@ -119,7 +119,7 @@ def test_a_damaged_final_checkpoint_is_trained_again(saved: Run, corpus: Path, t
     # the next start finds it intact: nothing to train, and the note of the fallback is gone
     again = run_stage(_plan(tmp_path, corpus, iterations=4), SLURM_JOB_ID="502")
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert "is at iteration 4 of 4 (checked structure and sizes): nothing to train" in again.stdout
+    assert "is at iteration 4 of 4 (checked structure, sizes and the manifest's SHA-256s): nothing to train" in again.stdout
     assert _ours(again.stderr) == [] and not (tmp_path / "runs" / "t" / "stage-notes" / "train.txt").exists()
 
 
@@ -233,8 +233,9 @@ def test_a_load_that_fails_to_read_falls_back(saved: Run, corpus: Path, tmp_path
     ckpt = _copy(saved, tmp_path)
     rel, offset, length = _bytes_item(ckpt / "iter_0000004", "rng_state")
     _overwrite(ckpt / "iter_0000004" / rel, offset, length)
-    assert resume.check(str(ckpt), 4) == []
-    proc = run_stage(_plan(tmp_path, corpus, iterations=6))
+    assert resume.check(str(ckpt), 4, "cheap") == []
+    # The hash check (the default) would see it first: the cheap check lets the load itself meet it.
+    proc = run_stage(_plan(tmp_path, corpus, iterations=6), LINGJUN_VERIFY_CHECKPOINT="cheap")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     _no_traceback(proc)
     [line] = _ours(proc.stderr)
@@ -268,7 +269,7 @@ def test_a_bad_verify_mode_is_one_line(saved: Run, corpus: Path, tmp_path: Path)
     assert proc.returncode == 1
     _no_traceback(proc)
     assert _ours(proc.stderr) == ["lingjun-slurm: train: LINGJUN_VERIFY_CHECKPOINT='hashes' is not one of: "
-                                  "cheap, full"]
+                                  "hash, full, cheap, off"]
 
 
 def _unshare_works(tmp: Path) -> bool:
@@ -357,5 +358,5 @@ def test_dp2_finished_run_exits_0_on_every_rank(dp2_run: Run, corpus: Path, tmp_
     proc = run_stage(write_plan(tmp_path, plan), ntasks=2)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     _no_traceback(proc)
-    assert "is at iteration 40 of 40 (checked structure and sizes): nothing to train" in proc.stdout
+    assert "is at iteration 40 of 40 (checked structure, sizes and the manifest's SHA-256s): nothing to train" in proc.stdout
     assert "datasets:" not in proc.stdout

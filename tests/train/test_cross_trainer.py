@@ -38,8 +38,9 @@ LAYOUTS = {"single": ({}, 1), "dp2": ({"distributed_optimizer": True}, 2), "tp2"
 # core_v0.19.0) dist_checkpointing.save writes no common.pt: the common state (args, iteration, ...)
 # is the ShardedObject "common_state" inside the .distcp shards (serialization.py save, core_v0.19.0
 # :439-445; read back by load_common_state_dict :206-233), and metadata.json has no common_backend.
-# The builtin's pre-resume check (lingjun_slurm/checkpoint/verify.py _check_common) takes that
-# layout from megatron-core 0.19 on and refuses it, in one line, on an older megatron-core.
+# The builtin's pre-resume check (lingjun_slurm/checkpoint/verify.py version_mismatch) takes that
+# layout from megatron-core 0.19 on, and on an older megatron-core stops the run in one line as a
+# version it cannot read (train/ckpt.py CheckpointVersionError), never as damage.
 COMMON_IN_SHARDS = ("0.19.0", "0.20.0")
 # The builtin runs here on the project's megatron-core (0.16), which reads the common state of
 # checkpoints up to 0.17.1 only: from core_v0.18.0 Megatron-LM's args hold

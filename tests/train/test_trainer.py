@@ -88,7 +88,7 @@ def test_resume_is_bit_identical(straight_run: Run, corpus: Path, tmp_path: Path
 def test_finished_run_exits_without_training(straight_run: Run) -> None:
     proc = run_stage(straight_run.plan)
     assert proc.returncode == 0, proc.stderr
-    assert "is at iteration 20 of 20 (checked structure and sizes): nothing to train" in proc.stdout
+    assert "is at iteration 20 of 20 (checked structure, sizes and the manifest's SHA-256s): nothing to train" in proc.stdout
 
 
 def test_two_processes_data_parallel_match_one(dp2_run: Run, corpus: Path, tmp_path: Path) -> None:

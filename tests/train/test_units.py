@@ -138,15 +138,19 @@ def test_version_floor_message(monkeypatch: pytest.MonkeyPatch) -> None:
         check_versions()
 
 
-def test_resume_refuses_iteration_directories_without_a_tracker(tmp_path) -> None:
-    """Starting from 0 here would later delete iter_0000100 as an 'unfinished save'."""
-    import pytest as _pytest
-
-    from lingjun_slurm.train import TrainError
+def test_untracked_iteration_directories_are_never_deleted(tmp_path) -> None:
+    """No tracker: an incomplete iteration directory (a first save that died) is moved aside, kept,
+    and training starts from scratch; a complete one (metadata.json) is resumed from. Never a start
+    from 0 that would later delete iter_0000100 as an 'unfinished save'."""
     from lingjun_slurm.train.ckpt import latest
 
     assert latest(str(tmp_path / "none")) is None
     assert latest(str(tmp_path)) is None  # empty directory: a fresh start
     (tmp_path / "iter_0000100").mkdir()
-    with _pytest.raises(TrainError, match="iter_0000100"):
-        latest(str(tmp_path))
+    (tmp_path / "iter_0000100" / "__0_0.distcp").write_bytes(b"half")
+    assert latest(str(tmp_path)) is None
+    [aside] = [p for p in tmp_path.iterdir() if p.name.startswith("iter_0000100.incomplete-")]
+    assert (aside / "__0_0.distcp").read_bytes() == b"half"
+    (tmp_path / "iter_0000050").mkdir()
+    (tmp_path / "iter_0000050" / "metadata.json").write_text("{}")
+    assert latest(str(tmp_path)) == 50 and (tmp_path / "iter_0000050").is_dir()
