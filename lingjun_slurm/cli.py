@@ -108,18 +108,30 @@ def cli() -> None:
 @cli.command()
 @click.argument("spec_file", type=click.Path(dir_okay=False, path_type=Path))
 def validate(spec_file: Path) -> None:
-    """Check a spec; print every problem with file, line and field (exit 2 if any)."""
+    """Check a spec; print every problem with file, line and field (exit 2 if any). SPEC_FILE `-`
+    reads standard input; a pipe such as <(envsubst < spec.yaml) works too (at most 1 MiB)."""
     from .plan import build_plan
     from .spec import load_spec
 
+    from .errors import Issue, SpecError
+    from .spec.checks import check_local_paths
+
     loaded = load_spec(spec_file)
+    # The files the stages read, looked up here: a warning, since validate cannot know where the
+    # chain will run (a spec for --host is validated on a laptop); `submit --executor local`, which
+    # does know, refuses a missing one (cli_runs._check_local_paths; docs/status-reasons.md).
+    errors, warns = check_local_paths(loaded.spec, runs_here=False)
+    if errors:
+        raise SpecError(loaded.source, [Issue(i.loc, i.message, loaded.doc.line_of(i.loc)) for i in errors])
     plan = build_plan(loaded.spec, spec_sha256=loaded.sha256, source=loaded.source)
     names = " -> ".join(st.name for st in plan.stages)
-    click.echo(f"{spec_file}: valid; stages: {names}")
+    click.echo(f"{loaded.source}: valid; stages: {names}")
+    for w in warns:
+        click.echo(f"warning: {Issue(w.loc, w.message, loaded.doc.line_of(w.loc)).format(loaded.source)}", err=True)
     if loaded.spec.planning.gpu or any(st.network is not None for st in plan.stages):
         from .cli_plan import fit_warning
 
-        warned = fit_warning(loaded.spec, plan, str(spec_file))
+        warned = fit_warning(loaded.spec, plan, loaded.source)
         if warned:
             click.echo(f"warning: {warned[0]}", err=True)
 

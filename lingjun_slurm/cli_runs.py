@@ -66,7 +66,8 @@ def _check_fit(loaded: Any, plan: Any, spec_file: Path, refuse: bool) -> None:
 @click.option("--detach", is_flag=True, help="Local executor: run in the background (status/logs/cancel follow it).")
 @click.option("--force", is_flag=True, help="Break a workdir lock whose holder cannot be checked from here (another "
                                             "host's submit, Slurm unreachable), never one whose holder is alive; "
-                                            "and submit a train stage that `plan` says does not fit its GPU.")
+                                            "submit a train stage that `plan` says does not fit its GPU; and run "
+                                            "more tasks with the local executor than 4 per CPU of this machine.")
 @remote_options
 def submit(spec_file: Path, executor: str, run_id: Optional[str], dry_run: bool, detach: bool, force: bool,
            host: Optional[str], cluster: Optional[str], accept_new_host_key: bool) -> None:
@@ -92,6 +93,9 @@ def submit(spec_file: Path, executor: str, run_id: Optional[str], dry_run: bool,
     prep = prepare(loaded, run_id=run_id or new_run_id(loaded.spec.run.name), executor=chosen,
                    defaults=DefaultsRecord(cluster=dest.cluster, applied=applied))
     _check_fit(loaded, prep.plan, spec_file, refuse=not (dry_run or force))
+    if chosen == "local":
+        _check_local_tasks(loaded, prep.plan, refuse=not (dry_run or force))
+        _check_local_paths(loaded, refuse=not (dry_run or force))
     if dry_run:
         click.echo("\n".join(dry_run_lines(prep)))
         if dest.remote:
@@ -128,8 +132,62 @@ def submit(spec_file: Path, executor: str, run_id: Optional[str], dry_run: bool,
         lock.release()  # a no-op once the runner has taken the lock over (and released it at its end)
 
 
+def _check_local_paths(loaded: Any, refuse: bool) -> None:
+    """The local executor runs the chain here: an input or tokenizer file missing here fails its
+    stage later, so it is refused now, with file, line and field (exit 2; --force and --dry-run
+    only warn). What an earlier command stage may write is a warning (spec/checks.py check_local_paths)."""
+    from .errors import Issue, SpecError
+    from .spec.checks import check_local_paths
+
+    errors, warns = check_local_paths(loaded.spec, runs_here=True)
+    issues = [Issue(i.loc, i.message, loaded.doc.line_of(i.loc)) for i in errors]
+    if issues and refuse:
+        raise SpecError(loaded.source, issues)
+    for i in issues + [Issue(w.loc, w.message, loaded.doc.line_of(w.loc)) for w in warns]:
+        click.echo(f"warning: {i.format(loaded.source)}", err=True)
+
+
 class SbatchMissing(LingjunError):
     pass
+
+
+def _task_field(loaded: Any, stage: str) -> str:
+    """`FILE:LINE: FIELD` of the spec field that gives a stage its task count (the deepest one set)."""
+    from .errors import dotted
+
+    doc, spec = loaded.doc, loaded.spec
+    names = [c.name for c in spec.stages.commands]
+    if stage in names:
+        bases = [("stages", "commands", names.index(stage), "resources")]
+    else:
+        bases = [("cluster", "stages", stage)]
+    bases.append(("cluster", "defaults"))
+    for base in bases:
+        for field in ("tasks_per_node", "nodes"):
+            loc = base + (field,)
+            if loc in doc.lines:
+                return f"{loaded.source}:{doc.lines[loc]}: {dotted(loc)}"
+    return f"{loaded.source}: {dotted(bases[0])}"
+
+
+def _check_local_tasks(loaded: Any, plan: Any, refuse: bool) -> None:
+    """The local executor runs every task of a job on this machine, one process each: a job of more
+    than executors.local.max_tasks() (TASKS_PER_CPU per CPU) is refused, naming the spec field, unless
+    --force (then, and with --dry-run, a warning)."""
+    from .executors.local import TASKS_PER_CPU, max_tasks
+
+    limit = max_tasks()
+    for st in plan.stages:
+        tasks = st.resources.nodes * st.resources.tasks_per_node
+        if tasks <= limit:
+            continue
+        message = (f"{_task_field(loaded, st.name)}: stage {st.name} runs {st.resources.nodes} x "
+                   f"{st.resources.tasks_per_node} = {tasks} tasks, and the local executor runs every task on this "
+                   f"machine as a process of its own: at most {limit} here ({TASKS_PER_CPU} per CPU, "
+                   f"{os.cpu_count() or 1} CPUs)")
+        if refuse:
+            raise UsageError(f"{message}; lower it, or submit with --force to run them anyway")
+        click.echo(f"warning: {message}", err=True)
 
 
 def _run_local(run_dir: str, run_id: str, detach: bool, keep: frozenset[str] = frozenset()) -> None:
@@ -157,6 +215,9 @@ def _run_local(run_dir: str, run_id: str, detach: bool, keep: frozenset[str] = f
         view.tasks = lambda: [(t.stage, t.state) for t in runner.state.tasks]
     with view if view is not None else nullcontext():
         rc = runner.run()
+    if runner.vanished is not None:  # no run directory left to show a status from
+        raise LocalRunFailed(f"run {run_id} FAILED: {runner.vanished}; its last status is kept in "
+                             "this machine's copy of runs (`lingjun-slurm status`)")
     try:
         _print_status([run_id], as_json=False)
     except OSError:
@@ -180,6 +241,7 @@ class Collected:
         self.backends: list[str] = []
         self.unreachable: list[LingjunError] = []
         self.slurm_down: list[LingjunError] = []  # hosts whose Slurm did not answer (runs shown, UNKNOWN)
+        self.bad_records: list[LingjunError] = []  # named runs whose manifest cannot be read (shown, UNKNOWN)
 
 
 def _collect(refs: list[str], conns: Connections) -> Collected:
@@ -212,23 +274,31 @@ def _collect(refs: list[str], conns: Connections) -> Collected:
         try:
             t = conns.get(kind, host)
             manifests = []
+            unreadable = []
             for e in group:
                 try:
                     manifests.append(load_manifest(t, e.run_dir))
                 except SSHError:
                     raise  # the connection, not this run: unreachable is handled below, 4 and 5 end the command
-                except TransportError as exc:
-                    if refs:
-                        raise
+                except (TransportError, UnicodeDecodeError) as exc:
                     if not e.remote and not os.path.isdir(e.run_dir):
+                        kept = _kept_local(e, host)
+                        if kept is not None:  # the local runner kept its last status here (workdir vanished)
+                            unreadable.append(kept)
+                            continue
+                        if refs:
+                            raise
                         click.echo(f"warning: skipping run {e.run_id}: its run directory {e.run_dir} is gone "
                                    "(deleted or moved); `lingjun-slurm forget --missing` drops every such run "
                                    "from the index", err=True)
-                    else:
-                        click.echo(f"warning: skipping run {e.run_id}: {exc} (`lingjun-slurm forget {e.run_id}` "
-                                   "drops it)", err=True)
+                        continue
+                    # One record that is not a record hurts its own run only: UNKNOWN, what and the fix.
+                    why = str(exc) if isinstance(exc, TransportError) else f"{e.run_dir}/manifest.json: not UTF-8"
+                    unreadable.append(_unreadable_run(e, host, why))
+                    if refs:
+                        out.bad_records.append(TransportError(unreadable[-1].record_error or why))
             collector = StatusCollector(t)
-            runs = collector.collect(manifests)
+            runs = collector.collect(manifests) + unreadable
         except HostUnreachable as exc:
             out.unreachable.append(exc)
             out.runs += _stale(group, host)
@@ -247,6 +317,38 @@ def _collect(refs: list[str], conns: Connections) -> Collected:
     return out
 
 
+def _kept_local(e: "IndexEntry", host: str) -> Optional["RunStatus"]:
+    """A local run whose run directory is gone: the last status its runner kept on this machine
+    (<state dir>/runs/<id>/status.json, executors/local.py), with the run marked as gone; None
+    when there is none (a Slurm run, or a run that never ran here)."""
+    from .runs import mirror
+    from .status import RunStatus
+
+    seen = mirror.load_status(e.run_id) if e.executor == "local" else None
+    if seen is None:
+        return None
+    as_of, doc = seen
+    try:
+        run = RunStatus.from_json(doc, e.run_dir)
+    except (ValueError, KeyError, TypeError):
+        return None
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(as_of))
+    run.dir_gone = (f"its run directory {e.run_dir} is gone (deleted or moved); the last status its runner "
+                    f"recorded on this machine, at {stamp}; `lingjun-slurm forget --missing` drops it")
+    run.host = host or run.host
+    return run
+
+
+def _unreadable_run(e: "IndexEntry", host: str, why: str) -> "RunStatus":
+    """A run whose manifest.json cannot be read: no stages, UNKNOWN, with what is wrong and the fix."""
+    from .status import RunStatus
+
+    run = RunStatus(e.run_id, e.name, e.executor, host or e.host, run_dir=e.run_dir)
+    run.record_error = (f"{why}; restore it from a backup, or `lingjun-slurm forget {e.run_id}` to drop the run "
+                        "from the index (its directory is left alone)")
+    return run
+
+
 def _stale(entries: list["IndexEntry"], host: str) -> list["RunStatus"]:
     """The last status seen here for runs on an unreachable host (or UNKNOWN stages from the copy)."""
     from .runs import mirror
@@ -257,13 +359,18 @@ def _stale(entries: list["IndexEntry"], host: str) -> list["RunStatus"]:
     for e in entries:
         seen = mirror.load_status(e.run_id)
         m = load_mirrored(e.run_id)
+        run = None
         if seen is not None:
             as_of, doc = seen
-            run = RunStatus.from_json(doc, e.run_dir)
-            run.stale_as_of = as_of
-            if m is not None:
-                _reconcile(run, m, as_of)
-        else:
+            try:
+                run = RunStatus.from_json(doc, e.run_dir)
+            except (ValueError, KeyError, TypeError):
+                run = None  # a copy that is not a status: as if none was seen
+            else:
+                run.stale_as_of = as_of
+                if m is not None:
+                    _reconcile(run, m, as_of)
+        if run is None:
             if m is None:
                 click.echo(f"warning: run {e.run_id}: {host} is unreachable and there is no local copy", err=True)
                 continue
@@ -331,6 +438,8 @@ def _print_status(refs: list[str], as_json: bool, conns: Optional[Connections] =
         raise got.unreachable[0]  # exit 3, after what the local copy knows was shown
     if got.slurm_down:
         raise got.slurm_down[0]  # exit 1, after every run that could be shown was
+    if got.bad_records:
+        raise got.bad_records[0]  # a named run's record cannot be read: exit 1, after every run was shown
     return got.runs
 
 
@@ -508,8 +617,11 @@ def cancel(run: str, stage: Optional[str], host: Optional[str], cluster: Optiona
                                  "cancel it there")
             if stage:
                 raise UsageError("a local run is cancelled whole: `lingjun-slurm cancel RUN` without a stage")
+            from .executors.localstate import read_state
+
+            before = read_state(m.run_dir)
             stopped = cancel_local(m.run_dir)
-            click.echo(f"cancelled local run {m.run_id}: " + (", ".join(stopped) if stopped else "nothing was running"))
+            click.echo(_local_cancel_line(m, before, stopped))
         else:
             # Only jobs that squeue shows under this run's job names: a reused job id is never hit.
             from .status import ACTIVE, StatusCollector
@@ -527,8 +639,11 @@ def cancel(run: str, stage: Optional[str], host: Optional[str], cluster: Optiona
                 live = _stop_steps_first(t, m, names, running)
             ids = [j for n in names if live[n].state in ACTIVE for j in m.stage(n).job_ids]
             SlurmCLI(t).cancel(ids)
-            cancelled = list(dict.fromkeys(running + ids))
-            click.echo(f"cancelled run {m.run_id}: jobs {', '.join(cancelled) or '-'}"
+            # Every stage still active when cancel came was ended by it: stopped, cancelled, or (a
+            # stage waiting on a stopped one) cancelled by Slurm through --kill-on-invalid-dep.
+            cancelled = [f"{j} ({n})" for n in names if n not in ended for j in m.stage(n).job_ids
+                         if j in running or j in ids or live[n].state not in ACTIVE]
+            click.echo(f"cancelled run {m.run_id}: jobs {', '.join(dict.fromkeys(cancelled)) or '-'}"
                        + (f"; already ended: {', '.join(ended)}" if ended else ""))
         with locked_manifest(t, m.run_dir) as rec:
             rec.event("cancel", stages=names)
@@ -536,6 +651,28 @@ def cancel(run: str, stage: Optional[str], host: Optional[str], cluster: Optiona
             release_if_over(t, m.run_dir, m.run_id)
         except LingjunError as exc:  # the cancel is done: the next submit judges the lock itself
             click.echo(f"warning: could not check the workdir lock: {exc}", err=True)
+
+
+def _local_cancel_line(m: "Manifest", before: Any, stopped: list[str]) -> str:
+    """What a local cancel did, in cancel's words for Slurm runs: the jobs (and their stages) it
+    cancelled, running or pending when it came, and the stages that had already ended. `before` is
+    local-state.json as read just before the cancel (None: no runner ever wrote one)."""
+    tasks = list(before.tasks) if before is not None else []
+    live = [t for t in tasks if t.state in ("RUNNING", "PENDING")]  # cancel_local marks each CANCELLED
+    jobs = list(dict.fromkeys(f"{t.job_id} ({t.stage}{', pending' if t.state == 'PENDING' else ''})"
+                              for t in live))
+    gone = {t.stage for t in live}
+    ended = [rec.name for rec in m.stages
+             if rec.name not in gone and any(t.stage == rec.name for t in tasks)
+             and all(t.state not in ("RUNNING", "PENDING") for t in tasks if t.stage == rec.name)]
+    line = f"cancelled run {m.run_id}: jobs {', '.join(jobs) or '-'}"
+    if ended:
+        line += f"; already ended: {', '.join(ended)}"
+    if stopped:
+        line += f" (stopped {', '.join(stopped)})"
+    else:
+        line += " (no process of it was running)"
+    return line
 
 
 # How long cancel lets running jobs end their steps and clean up before it cancels them (at
@@ -581,7 +718,8 @@ def _stop_steps_first(t, m, names: list[str], running: list[str]) -> dict:
 @click.argument("run")
 @click.option("--from", "from_stage", required=True, help="First stage to resubmit; later stages follow.")
 @click.option("--force", is_flag=True, help="Break a workdir lock whose holder cannot be checked from here; never "
-                                            "one whose holder is alive.")
+                                            "one whose holder is alive. A local run that is still running is "
+                                            "stopped first (said which processes).")
 @remote_options
 def resubmit(run: str, from_stage: str, force: bool, host: Optional[str], cluster: Optional[str],
              accept_new_host_key: bool) -> None:
@@ -590,9 +728,9 @@ def resubmit(run: str, from_stage: str, force: bool, host: Optional[str], cluste
     The spec is the run's own spec.yaml (with the clusters.yaml defaults recorded at submit);
     a remote run is re-rendered here and uploaded like a submit.
     """
-    from .errors import SlurmUnavailable
+    from .errors import SlurmUnavailable, WorkdirBusy
     from .executors.local import cancel_local
-    from .runs.workdir_lock import WorkdirLock, workdir_of
+    from .runs.workdir_lock import RunLocks
     from .status import StatusCollector
     from .submit import resubmit_local, resubmit_slurm, stages_from
 
@@ -610,8 +748,16 @@ def resubmit(run: str, from_stage: str, force: bool, host: Optional[str], cluste
             exc = collector.unavailable
             raise SlurmUnavailable(exc.host, exc.message, f"cannot resubmit run {m.run_id}: nothing was submitted")
         if m.executor == "local":
-            cancel_local(m.run_dir)
-            lock = WorkdirLock(t, workdir_of(m.run_dir), m.run_id)
+            live = _local_live(m.run_dir)
+            if live and not force:
+                raise WorkdirBusy(f"run {m.run_id} is still running: {live}.\n  Wait for it to end, stop it "
+                                  f"(`lingjun-slurm cancel {m.run_id}`), or `resubmit --force`, which stops it first.")
+            if live:
+                click.echo(f"--force: stopping run {m.run_id} first: {live}")
+            stopped = cancel_local(m.run_dir)
+            if live:
+                click.echo(f"--force: stopped {', '.join(stopped) or 'nothing (it had ended meanwhile)'}")
+            lock = RunLocks.of_run(t, m.run_dir, m.run_id)
             note = lock.acquire(force=force)
             if note:
                 click.echo(note)
@@ -628,6 +774,27 @@ def resubmit(run: str, from_stage: str, force: bool, host: Optional[str], cluste
         rec = new.stage(n)
         old = rec.previous[-1].job_ids if rec.previous else []
         click.echo(f"  {n:<16} job {','.join(rec.job_ids):<10} (was {','.join(old) or '-'})")
+
+
+def _local_live(run_dir: str) -> str:
+    """What of a local run still runs on this host (its runner, jobs without it), in words; "" if
+    nothing does. A record that cannot be read (BadState) names no process: "" (the workdir lock,
+    taken next, still refuses a live runner)."""
+    import socket
+
+    from .executors.localstate import BadState, job_alive, read_state, runner_alive
+
+    try:
+        state = read_state(run_dir)
+    except BadState:
+        return ""
+    if state is None or (state.host and state.host != socket.gethostname()):
+        return ""
+    jobs = [f"stage {t.stage} (pid {t.pid})" for t in state.tasks if t.state == "RUNNING" and job_alive(t, state)]
+    if runner_alive(state):
+        return (f"its local runner pid {state.runner_pid} on {state.host}"
+                + (f", running {', '.join(jobs)}" if jobs else ""))
+    return f"{', '.join(jobs)} on {state.host}, without its runner" if jobs else ""
 
 
 @click.command("list")
@@ -682,7 +849,14 @@ def forget(runs: tuple[str, ...], missing: bool) -> None:
     if not runs and not missing:
         raise UsageError("give RUN... to forget, or --missing to drop the runs whose run directory is gone")
     index = RunIndex()
-    ids = [index.resolve(r).run_id for r in runs]
+    chosen = [index.resolve(r) for r in runs]
+    for e in chosen:
+        # A run that still runs here stays in the index, so that status and cancel find it by name.
+        live = _local_live(e.run_dir) if e.executor == "local" and not e.remote else ""
+        if live:
+            raise UsageError(f"run {e.run_id} is still running ({live}): cancel it first "
+                             f"(`lingjun-slurm cancel {e.run_id}`), then forget it; nothing was forgotten")
+    ids = [e.run_id for e in chosen]
     if missing:
         gone = [e.run_id for e in index.entries() if not e.remote and not os.path.isdir(e.run_dir)]
         ids += [i for i in gone if i not in ids]
@@ -693,6 +867,10 @@ def forget(runs: tuple[str, ...], missing: bool) -> None:
     for run_id in ids:
         mirror.remove(run_id)
     click.echo(f"forgot {len(ids)} run(s): {', '.join(ids)}")
+    slurm = [e for e in chosen if e.executor == "slurm"]
+    if slurm:  # forget never connects: a Slurm run's jobs are not checked, and stay cancellable
+        click.echo("  jobs of a Slurm run are left as they are; `lingjun-slurm cancel RUN_DIR` still cancels them "
+                   f"(run directory {slurm[0].run_dir}" + (f" on {slurm[0].host}" if slurm[0].remote else "") + ")")
 
 
 COMMANDS = (submit, status, logs, cancel, resubmit, list_runs, forget)

@@ -86,6 +86,7 @@ class Holder:
     purpose: str
     jobs: tuple[str, ...] = ()   # held by these Slurm jobs (a chain), whatever became of pid
     run_id: str = ""
+    run_dir: str = ""            # the holding run's directory (a lock outside its workdir: checkpoint.dir)
 
     def describe(self) -> str:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.since))
@@ -100,6 +101,8 @@ class Holder:
     def to_json(self) -> str:
         doc = asdict(self)
         doc["jobs"] = list(self.jobs)
+        if not self.run_dir:
+            del doc["run_dir"]  # as holder files were before the field
         return json.dumps(doc, sort_keys=True)
 
 
@@ -219,11 +222,11 @@ def this_host() -> str:
     return socket.gethostname()
 
 
-def me(purpose: str = "", job_id: Optional[str] = None, run_id: str = "") -> Holder:
+def me(purpose: str = "", job_id: Optional[str] = None, run_id: str = "", run_dir: str = "") -> Holder:
     pid = os.getpid()
     return Holder(host=this_host(), pid=pid, start=process_start(pid) or "",
                   job_id=job_id if job_id is not None else os.environ.get("SLURM_JOB_ID", ""),
-                  since=time.time(), purpose=purpose, run_id=run_id)
+                  since=time.time(), purpose=purpose, run_id=run_id, run_dir=run_dir)
 
 
 def parse_holder(text: Optional[str]) -> Optional[Holder]:
@@ -235,7 +238,7 @@ def parse_holder(text: Optional[str]) -> Optional[Holder]:
                       job_id=str(data.get("job_id") or ""), since=float(data["since"]),
                       purpose=str(data.get("purpose") or ""),
                       jobs=tuple(str(j) for j in (data.get("jobs") or ())),
-                      run_id=str(data.get("run_id") or ""))
+                      run_id=str(data.get("run_id") or ""), run_dir=str(data.get("run_dir") or ""))
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
 
@@ -287,13 +290,14 @@ class HolderLock:
     def __init__(self, path: str | Path, *, purpose: str = "", job_alive: Optional[JobAlive] = None,
                  job_id: Optional[str] = None, jobs_alive: Optional[JobsAlive] = None,
                  files: Optional[Files] = None, run_id: str = "",
-                 still_alive: Optional[Callable[[Holder], Optional[str]]] = None) -> None:
+                 still_alive: Optional[Callable[[Holder], Optional[str]]] = None, run_dir: str = "") -> None:
         self.path = Path(path) if files is None else path  # type: ignore[assignment]
         self.purpose = purpose
         self.job_alive = job_alive
         self.jobs_alive = jobs_alive
         self.job_id = job_id
         self.run_id = run_id
+        self.run_dir = run_dir
         self.files: Files = files or LocalFiles()
         self.still_alive = still_alive
         self.held: Optional[Holder] = None
@@ -308,7 +312,7 @@ class HolderLock:
     def try_acquire(self) -> bool:
         """Take the lock if it is free or stale; False when someone live holds it."""
         for _ in range(3):
-            holder = me(self.purpose, self.job_id, self.run_id)
+            holder = me(self.purpose, self.job_id, self.run_id, self.run_dir)
             if not self.files.create_exclusive(self._p, holder.to_json() + "\n"):
                 if not self._break_if_stale():
                     return False

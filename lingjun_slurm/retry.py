@@ -136,7 +136,12 @@ def decide(*, rc: int, start_iteration: int, last_iteration: int, time_limit: bo
 
 
 def write_note(run_dir: str, text: str) -> None:
-    """The stop's reason for `status` (<run_dir>/stage-notes/train.txt, stagenotes.py)."""
+    """The stop's reason for `status` (<run_dir>/stage-notes/train.txt, stagenotes.py). A note this
+    job's trainer or watchdog left already (a checkpoint from a newer megatron-core, a hang) says the
+    cause: it stays first, and the stop decision follows it."""
+    cause = stagenotes.read_note(run_dir, STAGE, [stagenotes.current_job()])
+    if cause and text not in cause:
+        text = f"{cause}; {text}"
     try:
         stagenotes.write_note(run_dir, STAGE, text)
     except OSError as exc:

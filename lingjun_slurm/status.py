@@ -13,11 +13,17 @@ marker may have been requeued since. The CLI exits 1 after showing them.
 
     {"schema": 1, "runs": [{"run_id", "name", "executor", "host", "stages": [{"name",
       "job_ids", "state", "reason", "exit_code", "elapsed_s", "nodes", "restarts"}],
-      "slurm_error": "..." (only when Slurm could not be asked)}]}
+      "slurm_error": "..." (only when Slurm could not be asked),
+      "state": "UNKNOWN", "record_error": "..." (only when the run's manifest cannot be read; no stages)}]}
+
+One bad record hurts one run (docs/run-records.md): a local-state.json that is not a record makes
+its run's stages UNKNOWN with what is wrong and the fix; a deleted one leaves each stage as its
+markers say (_without_state); a garbled marker line is skipped.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
@@ -58,6 +64,8 @@ class RunStatus:
     run_dir: str = ""
     stale_as_of: Optional[float] = None  # set when shown from the local copy: the host was unreachable
     slurm_error: Optional[str] = None    # Slurm's message when its queue could not be read
+    record_error: Optional[str] = None   # the run's own record cannot be read: what, and the fix (no stages)
+    dir_gone: Optional[str] = None       # a local run's directory is gone: shown from the last status kept here
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"run_id": self.run_id, "name": self.name, "executor": self.executor,
@@ -67,12 +75,21 @@ class RunStatus:
             doc["as_of"] = self.stale_as_of
         if self.slurm_error is not None:
             doc["slurm_error"] = self.slurm_error
+        if self.dir_gone is not None:
+            doc["dir_gone"] = self.dir_gone
+        if self.record_error is not None:
+            doc["state"] = "UNKNOWN"
+            doc["record_error"] = self.record_error
         return doc
 
     @classmethod
     def from_json(cls, doc: dict[str, Any], run_dir: str = "") -> "RunStatus":
+        """A run's status document (the mirror's status.json); ValueError when it is not one."""
         fields = StageStatus.__dataclass_fields__
-        stages = [StageStatus(**{k: v for k, v in s.items() if k in fields}) for s in doc.get("stages", [])]
+        rows = doc.get("stages", [])
+        if not isinstance(rows, list) or not all(isinstance(r, dict) and set(fields) <= set(r) for r in rows):
+            raise ValueError("stages is not a list of stage records")
+        stages = [StageStatus(**{k: v for k, v in s.items() if k in fields}) for s in rows]
         return cls(str(doc["run_id"]), str(doc.get("name", "")), str(doc.get("executor", "")),
                    str(doc.get("host", "")), stages, run_dir)
 
@@ -100,6 +117,8 @@ def read_marker(t: Transport, run_dir: str, key: str) -> Optional[JobInfo]:
     nodes = None
     for line in lines:
         parts = line.split()
+        if len(parts) >= 2 and parts[0] in ("start", "end") and not _is_number(parts[1]):
+            continue  # a line cut short or garbled: the others still count
         if len(parts) >= 2 and parts[0] == "start":
             start, end, rc = float(parts[1]), None, None
             restarts = int(parts[2]) if len(parts) > 2 and parts[2].isdigit() else restarts
@@ -119,6 +138,14 @@ def read_marker(t: Transport, run_dir: str, key: str) -> Optional[JobInfo]:
                    array_tasks_pending=None, name="", state=state, flags=(), reason=reason, exit_code=rc, signal=None,
                    start=start, end=end, elapsed_s=int(end - start) if end is not None else None, nodes=nodes,
                    restarts=restarts, source="marker")
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return text.lower() not in ("nan", "inf", "-inf", "infinity", "-infinity", "+inf")
 
 
 def aggregate(infos: list[JobInfo], now: float) -> tuple[str, Optional[str], Optional[int], Optional[int],
@@ -146,7 +173,13 @@ def aggregate(infos: list[JobInfo], now: float) -> tuple[str, Optional[str], Opt
         if i.elapsed_s is not None and i.state not in ("RUNNING",):
             elapsed.append(i.elapsed_s)
         elif i.start:
-            elapsed.append(int((i.end or now) - i.start))
+            # The time the job has used, as squeue counts it (src/squeue/print.c job_time_used,
+            # slurm-22-05-8-1:925; the same in slurm-23-02-7-1:935): up to its end, or up to now
+            # while it runs. An end_time still ahead is not an end but the limit slurmctld expects it
+            # to end by: a job just requeued (`scontrol requeue`: PENDING|COMPLETING, shown
+            # COMPLETING, with the old start and end_time = start + time limit, seen on the test
+            # cluster, Slurm 22.05.8) would otherwise show its whole time limit.
+            elapsed.append(max(0, int(min(i.end or now, now) - i.start)))
     nodes = sorted({i.nodes for i in infos if i.nodes})
     restarts = max((i.restarts for i in infos), default=0)
     return state, reason, exit_code, (max(elapsed) if elapsed else None), (",".join(nodes) or None), restarts
@@ -165,23 +198,14 @@ _ENDED_NOTES: dict[tuple[str, str, int], Optional[str]] = {}
 
 
 def _read_note(t: Optional[Transport], path: str, job_ids: list[str]) -> Optional[str]:
-    import json
-
+    from .stagenotes import note_of
     from .transport.local import LocalTransport
 
     try:
         text = (t or LocalTransport()).read_text(path)
     except (OSError, LingjunError):  # the note is extra: never what makes status fail
         return None
-    for line in reversed(text.splitlines()):
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and str(record.get("job", "")) in job_ids and isinstance(record.get("note"), str):
-            return " ".join(record["note"].split()) or None
-        return None  # another job's note (an earlier run of the stage): not this one's
-    return None
+    return note_of(text, job_ids)
 
 
 def _read_excluded(t: Optional[Transport], path: str, job_ids: list[str]) -> Optional[str]:
@@ -202,12 +226,15 @@ def _read_excluded(t: Optional[Transport], path: str, job_ids: list[str]) -> Opt
 
 
 def _add_note(st: StageStatus, t: Optional[Transport], run_dir: str) -> None:
-    if st.name not in NOTED_STAGES or not run_dir or not st.job_ids or st.state in ("NOT_SUBMITTED",):
+    if not run_dir or not st.job_ids or st.state in ("NOT_SUBMITTED",):
+        return
+    # The other stages leave a note only when they fail (stagenotes.note_failure): read it then.
+    if st.name not in NOTED_STAGES and st.state not in FAILED:
         return
     root = run_dir.rstrip('/')
     ended = st.state not in ACTIVE and st.state != "UNKNOWN"
     # A pending job can still carry an exclusion (a requeue away from a bad node); notes need a start.
-    sources = [(f"{root}/{EXCLUDED}", _read_excluded)]
+    sources = [(f"{root}/{EXCLUDED}", _read_excluded)] if st.name in NOTED_STAGES else []
     if st.state != "PENDING":
         sources.insert(0, (f"{root}/{STAGE_NOTES}/{st.name}.txt", _read_note))
     for path, read in sources:
@@ -218,8 +245,10 @@ def _add_note(st: StageStatus, t: Optional[Transport], run_dir: str) -> None:
             note = read(t, path, st.job_ids)
             if ended:
                 _ENDED_NOTES[key] = note
-        if note:
-            st.reason = f"{st.reason}; {note}" if st.reason and st.reason != "None" else note
+        if note and note not in (st.reason or ""):
+            # The known cause replaces Slurm's generic word; the local executor's reason may begin with it.
+            generic = st.reason in (None, "None", "NonZeroExitCode") or note.startswith(st.reason or "")
+            st.reason = note if generic else f"{st.reason}; {note}"
 
 
 def _explain_dependencies(run: RunStatus, manifest: Manifest) -> None:
@@ -281,7 +310,14 @@ class StatusCollector:
         out = []
         for m in manifests:
             if m.executor == "local":
-                out.append(local_status(m, self.t))
+                try:
+                    out.append(local_status(m, self.t))
+                except (OSError, LingjunError) as exc:  # one run's records: never every run's status
+                    run = RunStatus(m.run_id, m.name, m.executor, m.transport.host, run_dir=m.run_dir)
+                    run.stages = [StageStatus(rec.name, list(rec.job_ids), "UNKNOWN",
+                                              f"cannot read the run's records: {exc}", None, None, None, 0)
+                                  for rec in m.stages]
+                    out.append(run)
                 continue
             run = RunStatus(m.run_id, m.name, m.executor, m.transport.host, run_dir=m.run_dir)
             if self.unavailable is not None:
@@ -372,18 +408,28 @@ def local_status(m: Manifest, transport: Optional[Transport] = None) -> RunStatu
     recorded RUNNING whose process group still runs is RUNNING (orphaned); one that is gone too is
     FAILED (or what its own end marker in <run_dir>/jobs/ says), never CANCELLED: nobody cancelled
     it. Jobs that never started are CANCELLED ("not started: the local runner is gone")."""
-    from .executors.localstate import (ORPHANED, STATE_FILE, LocalState, job_alive, read_state, runner_alive)
+    from .executors.localstate import (ORPHANED, STATE_FILE, BadState, LocalState, job_alive, parse_state,
+                                       read_state, runner_alive)
 
     run = RunStatus(m.run_id, m.name, m.executor, m.transport.host, run_dir=m.run_dir)
     remote = transport is not None and transport.kind != "local"
-    if transport is not None and remote:
-        try:
-            state: Optional[LocalState] = LocalState.from_json(
-                transport.read_text(f"{m.run_dir.rstrip('/')}/{STATE_FILE}"))
-        except FileNotFoundError:
-            state = None
-    else:
-        state = read_state(m.run_dir)
+    try:
+        if transport is not None and remote:
+            path = f"{m.run_dir.rstrip('/')}/{STATE_FILE}"
+            try:
+                state: Optional[LocalState] = parse_state(transport.read_text(path), path, m.run_dir)
+            except FileNotFoundError:
+                state = None
+        else:
+            state = read_state(m.run_dir)
+    except (BadState, UnicodeDecodeError) as exc:
+        # One record that is not a record hurts its own run only: UNKNOWN, with what and the fix.
+        reason = str(exc) if isinstance(exc, BadState) else f"{STATE_FILE} is not UTF-8 text ({exc})"
+        run.stages = [StageStatus(rec.name, list(rec.job_ids), "UNKNOWN", reason, None, None, None, 0)
+                      for rec in m.stages]
+        return run
+    if state is None and m.state != "failed":
+        return _without_state(m, run, transport)
     import socket
 
     # Process ids only mean something on the host that ran the chain; elsewhere trust the record.
@@ -423,6 +469,60 @@ def local_status(m: Manifest, transport: Optional[Transport] = None) -> RunStatu
     return run
 
 
+LOST_STATE = "local-state.json is missing"
+
+
+def _without_state(m: Manifest, run: RunStatus, transport: Optional[Transport]) -> RunStatus:
+    """A local run whose local-state.json is gone (deleted by hand, or the runner has not written its
+    first record yet): each stage from the start/end markers its jobs wrote in <run_dir>/jobs/ (the
+    same lines the Slurm path falls back to), so a run that completed still shows COMPLETED, never
+    PENDING. A stage without a marker is PENDING only while this run's runner holds the workdir lock
+    (it is about to write its record); otherwise UNKNOWN, saying the record is gone."""
+    from .transport.local import LocalTransport
+
+    t = transport or LocalTransport()
+    try:
+        names = t.listdir(f"{m.run_dir.rstrip('/')}/jobs")
+    except (OSError, LingjunError):
+        names = []
+    starting: Optional[bool] = None
+    now = time.time()
+    for rec in m.stages:
+        infos = []
+        for job in rec.job_ids:
+            for key in sorted(n for n in names if n == job or n.startswith(f"{job}_")):
+                info = read_marker(t, m.run_dir, key)
+                if info is not None:
+                    if info.end is None:
+                        info = dataclasses.replace(info, state="UNKNOWN",
+                                                   reason=f"{LOST_STATE}; the job started and recorded no end")
+                    infos.append(info)
+        if infos:
+            st, reason, code, elapsed, nodes, restarts = aggregate(infos, now)
+            run.stages.append(StageStatus(rec.name, list(rec.job_ids), st, reason, code, elapsed, nodes, restarts))
+            continue
+        if starting is None:
+            starting = transport is None or transport.kind == "local"
+            starting = starting and _runner_starting(m)
+        if starting:
+            run.stages.append(StageStatus(rec.name, list(rec.job_ids), "PENDING", "not started", None, None, None, 0))
+        else:
+            run.stages.append(StageStatus(rec.name, list(rec.job_ids), "UNKNOWN",
+                                          f"{LOST_STATE} and the stage left no marker (never started?)",
+                                          None, None, None, 0))
+    _explain_dependencies(run, m)
+    return run
+
+
+def _runner_starting(m: Manifest) -> bool:
+    """This run's local runner holds its workdir lock and lives: its first record is on its way."""
+    from .holderlock import judge, read_holder
+    from .runs.workdir_lock import lock_path, workdir_of
+
+    holder = read_holder(lock_path(workdir_of(m.run_dir)))
+    return holder is not None and holder.run_id == m.run_id and judge(holder).state == "alive"
+
+
 def _gone_job(t: Optional[Transport], run_dir: str, key: str) -> tuple[str, Optional[str], Optional[int],
                                                                          Optional[float]]:
     """A job recorded RUNNING whose runner and processes are both gone: what its own end marker
@@ -447,6 +547,10 @@ def run_banner(run: RunStatus) -> str:
     if run.stale_as_of is not None:
         seen = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.stale_as_of)) if run.stale_as_of else "never"
         return f"STALE: {run.host} is unreachable; last status seen here at {seen}"
+    if run.record_error is not None:
+        return f"UNKNOWN: {run.record_error}"
+    if run.dir_gone is not None:
+        return f"GONE: {run.dir_gone}"
     if run.slurm_error is not None:
         return f"UNKNOWN: Slurm did not answer: {run.slurm_error}"
     return ""
@@ -470,6 +574,9 @@ def format_table(runs: list[RunStatus]) -> str:
     for run in runs:
         banner = run_banner(run)
         lines.append(f"run {run.run_id}  ({run.executor} on {run.host})" + (f"  {banner}" if banner else ""))
+        if not run.stages:  # its record cannot be read (the banner says why): no stage to show
+            lines.append("")
+            continue
         lines.append(f"  {'STAGE':<16} {'JOB':<12} {'STATE':<12} {'ELAPSED':>10} {'EXIT':>4} {'RESTARTS':>8}  "
                      f"{'NODES':<14} REASON")
         for s in run.stages:

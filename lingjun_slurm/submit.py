@@ -34,7 +34,7 @@ from .interrupts import signals_interrupt
 from .plan import Plan, StagePlan, build_plan
 from .render import render_plan
 from .runs.index import RunIndex, entry_for
-from .runs.workdir_lock import WorkdirLock
+from .runs.workdir_lock import CKPT_STAGES, RunLocks
 from .runs.manifest import (Attempt, ClusterRecord, DefaultsRecord, DependencyRecord, Manifest, SpecRecord, StageRecord,
                             TransportRecord, current_user, load_manifest, locked_manifest, save_manifest)
 from .slurm.client import SlurmCLI
@@ -109,7 +109,16 @@ def dependency_string(stage: StagePlan, job_ids: dict[str, list[str]],
 
 
 def dry_run_lines(prep: Prepared) -> list[str]:
+    """What submit would do: the sbatch lines, or for the local executor what it will run on this
+    machine (the commands in order, dependencies, tasks and the environment it sets)."""
     plan = prep.plan
+    if plan.executor == "local":
+        from .executors.local import describe
+
+        return [f"would run {plan.run_id} ({len(plan.stages)} stages) with the local executor on this machine, "
+                f"run directory {prep.run_dir}/ (no sbatch: no Slurm is involved):"] + describe(
+            prep.run_dir, [(st.name, f"{prep.run_dir}/{st.script}", [d.stage for d in st.depends_on],
+                            st.resources.nodes * st.resources.tasks_per_node, st.array) for st in plan.stages])
     lines = [f"would submit run {plan.run_id} ({len(plan.stages)} stages, executor {plan.executor}) "
              f"from {prep.run_dir}/:"]
     placeholder = {st.name: [f"<{st.name}>"] for st in plan.stages}
@@ -124,21 +133,45 @@ def dry_run_lines(prep: Prepared) -> list[str]:
 
 
 def write_run_dir(t: Transport, prep: Prepared, *, new: bool = False) -> None:
-    """new: the run directory must not exist yet (two submits never share a run id)."""
-    if new:
-        t.mkdir(prep.run_dir.rsplit("/", 1)[0])
-        try:
-            t.mkdir(prep.run_dir, exist_ok=False)
-        except FileExistsError:
-            raise UsageError(f"run {prep.plan.run_id} already exists in {prep.run_dir}; "
-                             f"use `lingjun-slurm resubmit {prep.plan.run_id} --from STAGE`") from None
-    else:
-        t.mkdir(prep.run_dir)
-    t.mkdir(prep.plan.log_dir)
+    """new: the run directory must not exist yet (two submits never share a run id).
+
+    A new run directory is written whole or not at all: the files go into a hidden temporary
+    directory beside it (runs/.<run-id>.tmp-<random>/), renamed to the run directory at the end,
+    on the host that holds it (Transport.rename_new: os.rename here, an SFTP rename on a --host).
+    A Ctrl-C or an error meanwhile removes the temporary directory and leaves no run directory;
+    even a SIGKILL leaves only the hidden one, which no command reads as a run."""
+    import secrets
+
     files: dict[str, str] = {**prep.files, "spec.yaml": prep.loaded.text,
                              "spec.sha256": f"{prep.loaded.sha256}  spec.yaml\n"}
-    for name, text in files.items():
-        t.write_atomic(f"{prep.run_dir}/{name}", text, 0o755 if name.endswith((".sh", ".sbatch")) else 0o644)
+    taken = UsageError(f"run {prep.plan.run_id} already exists in {prep.run_dir}; "
+                       f"use `lingjun-slurm resubmit {prep.plan.run_id} --from STAGE`")
+    if new:
+        runs, _, leaf = prep.run_dir.rpartition("/")
+        t.mkdir(runs)
+        if t.exists(prep.run_dir):
+            raise taken
+        where = f"{runs}/.{leaf}.tmp-{secrets.token_hex(4)}"
+        t.mkdir(where, exist_ok=False)
+    else:
+        where = prep.run_dir
+        t.mkdir(prep.run_dir)
+    try:
+        t.mkdir(prep.plan.log_dir)
+        for name, text in files.items():
+            t.write_atomic(f"{where}/{name}", text, 0o755 if name.endswith((".sh", ".sbatch")) else 0o644)
+        if new:
+            try:
+                t.rename_new(where, prep.run_dir)
+            except FileExistsError:
+                raise taken from None
+    except BaseException:
+        if new:
+            try:
+                t.remove_tree(where)
+            except Exception:  # noqa: BLE001 - the original error (or Ctrl-C) matters more
+                pass
+        raise
     if t.kind != "local":
         from .runs import mirror
 
@@ -264,9 +297,16 @@ def _rollback(sched: SlurmCLI, submitted: list[str], uncertain_name: Optional[st
             True)
 
 
-def take_workdir(t: Transport, prep: Prepared, echo: Echo, force: bool = False) -> WorkdirLock:
-    """The workdir lock for this run, before anything is written (WorkdirBusy names the holder)."""
-    lock = WorkdirLock(t, prep.loaded.spec.run.workdir, prep.plan.run_id)
+def run_locks(t: Transport, prep: Prepared) -> RunLocks:
+    """The workdir's lock, and the checkpoint directory's when the chain trains into it."""
+    ckpt = prep.plan.host_checkpoint_dir if any(st.kind in CKPT_STAGES for st in prep.plan.stages) else None
+    return RunLocks(t, prep.loaded.spec.run.workdir, prep.plan.run_id, prep.run_dir, ckpt)
+
+
+def take_workdir(t: Transport, prep: Prepared, echo: Echo, force: bool = False) -> RunLocks:
+    """The workdir lock for this run, and the checkpoint directory's when it trains (issue 26 item
+    4), before anything is written or queued (WorkdirBusy names the holder)."""
+    lock = run_locks(t, prep)
     note = lock.acquire(force=force)
     if note:
         echo(note)
@@ -408,7 +448,7 @@ def resubmit_slurm(t: Transport, run_dir: str, stage: str, state_of: Callable[[s
     active_old = {n: manifest.stage(n).job_ids for n in names if state_of(n) in ACTIVE}
     sched = SlurmCLI(t)
     wheels = code_to_ship(prep)
-    lock = WorkdirLock(t, loaded.spec.run.workdir, manifest.run_id)
+    lock = run_locks(t, prep)
     note = lock.acquire(force=force, same_run=True)
     if note:
         echo(note)

@@ -120,41 +120,88 @@ def _check(out: "Console") -> None:
 
 
 # --- the status table -----------------------------------------------------------------------
-def status_renderable(runs: "Sequence[RunStatus]") -> "RenderableType":
-    """The columns of status.format_table, one table per run, with a header per run and the
-    state (and a non-zero exit code) coloured."""
+# REASON as a column needs at least this many cells; on a terminal too narrow for that beside the
+# other columns at their natural width, each stage's REASON (with NODES and RESTARTS) goes on
+# lines of its own under the table, folded to the terminal's width (issue 26 item 10).
+REASON_MIN_WIDTH = 24
+_GAP = 2  # cells between two columns (padding 1 on each side, pad_edge off)
+_INDENT = 2  # the table's left padding under the run's header
+
+
+class _StatusTables:
+    """status_renderable's output: laid out when rich knows the width (__rich_console__), so the
+    one-shot table, `status --watch` and a resized terminal all get the layout that fits."""
+
+    def __init__(self, runs: "Sequence[RunStatus]") -> None:
+        self.runs = list(runs)
+
+    def __rich_console__(self, console: "Console", options: Any) -> Any:
+        for run in self.runs:
+            yield from _run_table(run, options.max_width)
+
+
+def _run_table(run: "RunStatus", width: int) -> list[Any]:
     from rich import box
-    from rich.console import Group
+    from rich.cells import cell_len
     from rich.padding import Padding
     from rich.table import Table
     from rich.text import Text
 
     from .status import run_banner, stage_cells
 
+    head = Text.assemble(("run ", "bold"), (run.run_id, "bold"), f"  ({run.executor} on {run.host})")
+    banner = run_banner(run)
+    if banner:
+        head.append(f"  {banner}", style="yellow")
+    if not run.stages:  # its record cannot be read (the banner says why)
+        return [head, Text("")]
+    rows = []
+    for s in run.stages:
+        elapsed, code, reason = stage_cells(run, s)
+        rows.append((s, [s.name, ",".join(s.job_ids) or "-", s.state, elapsed, code, str(s.restarts),
+                         s.nodes or "-", reason]))
+    headers = ["STAGE", "JOB", "STATE", "ELAPSED", "EXIT", "RESTARTS", "NODES", "REASON"]
+    natural = [max([cell_len(h)] + [cell_len(cells[i]) for _s, cells in rows]) for i, h in enumerate(headers)]
+    room = width - _INDENT
+    full = sum(natural[:7]) + _GAP * 7 + REASON_MIN_WIDTH
+    shown = 8 if full <= room else 5  # narrow: STAGE JOB STATE ELAPSED EXIT, the rest on lines below
+    table = Table(box=box.SIMPLE_HEAD, header_style="bold", pad_edge=False, show_edge=False, collapse_padding=True)
+    for i, h in enumerate(headers[:shown]):
+        if h == "REASON":
+            table.add_column(h, overflow="fold", min_width=REASON_MIN_WIDTH)
+        else:  # never narrower than its header or its longest cell: no one-letter-per-line column
+            table.add_column(h, no_wrap=True, min_width=natural[i],
+                             justify="right" if h in ("ELAPSED", "EXIT", "RESTARTS") else "left")
+    for s, cells in rows:
+        styled: list[Any] = list(cells[:shown])
+        styled[2] = Text(s.state, style=state_style(s.state))
+        styled[4] = Text(cells[4], style="red" if s.exit_code else "")
+        table.add_row(*styled)
+    parts: list[Any] = [head]
+    if shown == 8:
+        return parts + [Padding(table, (0, 0, 1, _INDENT), expand=False)]
+    parts.append(Padding(table, (0, 0, 0, _INDENT), expand=False))
+    for s, cells in rows:
+        more = [f"nodes {cells[6]}" if s.nodes else "", f"{s.restarts} restart{'s' if s.restarts != 1 else ''}"
+                if s.restarts else "", cells[7]]
+        detail = ", ".join(x for x in more if x)
+        if detail:
+            parts.append(Padding(Text.assemble((f"{s.name}: ", "bold"), detail, overflow="fold"),
+                                 (0, 0, 0, _INDENT)))
+    parts.append(Text(""))
+    return parts
+
+
+def status_renderable(runs: "Sequence[RunStatus]") -> "RenderableType":
+    """The columns of status.format_table, one table per run, with a header per run and the
+    state (and a non-zero exit code) coloured. Laid out for the console's width: every column at
+    least as wide as its header and its longest cell, REASON folded; where REASON would get fewer
+    than REASON_MIN_WIDTH cells (60 or 80 columns, say), it moves under the table."""
+    from rich.text import Text
+
     if not runs:
         return Text("no runs")
-    parts: list[Any] = []
-    for run in runs:
-        head = Text.assemble(("run ", "bold"), (run.run_id, "bold"), f"  ({run.executor} on {run.host})")
-        banner = run_banner(run)
-        if banner:
-            head.append(f"  {banner}", style="yellow")
-        table = Table(box=box.SIMPLE_HEAD, header_style="bold", pad_edge=False, show_edge=False, collapse_padding=True)
-        table.add_column("STAGE", no_wrap=True)
-        table.add_column("JOB", no_wrap=True)
-        table.add_column("STATE", no_wrap=True)
-        table.add_column("ELAPSED", justify="right", no_wrap=True)
-        table.add_column("EXIT", justify="right", no_wrap=True)
-        table.add_column("RESTARTS", justify="right", no_wrap=True)
-        table.add_column("NODES")
-        table.add_column("REASON", overflow="fold")
-        for s in run.stages:
-            elapsed, code, reason = stage_cells(run, s)
-            table.add_row(s.name, ",".join(s.job_ids) or "-", Text(s.state, style=state_style(s.state)), elapsed,
-                          Text(code, style="red" if s.exit_code else ""), str(s.restarts), s.nodes or "-",
-                          reason)
-        parts += [head, Padding(table, (0, 0, 1, 2), expand=False)]
-    return Group(*parts)
+    return _StatusTables(runs)
 
 
 def print_status(runs: "Sequence[RunStatus]", out: Optional["Console"] = None) -> None:

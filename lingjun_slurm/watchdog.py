@@ -3,7 +3,7 @@
     python3 -m lingjun_slurm.watchdog --format builtin|megatron --progress FILE --timeout S
         --startup-timeout S --log-interval N --pid SRUN_PID --stacks-dir DIR --record FILE
         [--grace S] [--ntasks N] [--executor slurm|local] [--job ID] [--poll S] [--floor-factor F]
-        [--scancel PATH]
+        [--scancel PATH] [--run-dir DIR]
 
 Started by the batch script in the background, on the batch host, after srun (its pid is --pid).
 It follows FILE from its current end (what an earlier attempt wrote is only used to learn the
@@ -26,7 +26,9 @@ newest step time seen x --floor-factor (default 3); for the builtin format the i
 On a hang: one line on stderr, the JSON record (below) written to --record, SIGUSR2 to the
 step's tasks (each dumps every thread's Python stack into --stacks-dir, lingjun_slurm.stacks),
 up to --grace seconds for the dumps (less with --ntasks N once N files grew), the record
-rewritten with the stack files, then the step ended, and exit 3.
+rewritten with the stack files, then the step ended, and exit 3. The one line `status` shows as the
+train stage's REASON ("hang: no iteration for 900 s at iteration 1200; the watchdog ended the step")
+goes to <run dir>/stage-notes/train.txt (stagenotes.py) for this job.
   slurm: SIGUSR2 to srun, which forwards it to the tasks of its step (srun/signals.c), falling back
          to `scancel --signal=USR2 JOB` (every step but the batch one: job_mgr.c _signal_job
          KILL_STEPS_ONLY, slurmd req.c _kill_all_active_steps; the extern step too). The step is ended by SIGTERM to srun,
@@ -397,10 +399,30 @@ class Options:
     job: Optional[str] = None
     restart: int = 0
     hold_signals: bool = False  # the command: ignore SIGTERM/SIGINT while a hang is being handled
+    run_dir: Optional[str] = None  # the hang's one line for `status` goes to <run_dir>/stage-notes/train.txt
 
 
 def _iso(wall: Optional[float]) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(wall)) if wall is not None else "none"
+
+
+def hang_note(last_iteration: Optional[int], timeout: float) -> str:
+    """The REASON `status` shows for the train stage after a hang (docs/status-reasons.md)."""
+    where = (f"at iteration {last_iteration}" if last_iteration is not None
+             else "since the step started (startup timeout)")
+    return f"hang: no iteration for {timeout:.0f} s {where}; the watchdog ended the step"
+
+
+def note_hang(run_dir: Optional[str], last_iteration: Optional[int], timeout: float) -> None:
+    """<run_dir>/stage-notes/train.txt (lingjun_slurm/stagenotes.py) for this job; never fatal."""
+    if not run_dir:
+        return
+    from . import stagenotes
+
+    try:
+        stagenotes.write_note(run_dir, "train", hang_note(last_iteration, timeout))
+    except OSError as exc:
+        print(f"{PREFIX} cannot record the hang for `status` in {run_dir}: {exc}", file=sys.stderr, flush=True)
 
 
 def write_record(path: str, record: dict[str, Any]) -> None:
@@ -456,6 +478,7 @@ def _handle_hang(opts: Options, actions: Actions, state: State, start_wall: floa
         last = f"last: {state.last_iteration} at {_iso(state.last_iteration_wall)}"
     print(f"{PREFIX} no new iteration for {idle:.0f} s ({last}): collecting stack traces and ending the step",
           file=sys.stderr, flush=True)
+    note_hang(opts.run_dir, state.last_iteration, timeout)
     record: dict[str, Any] = {
         "type": "hang", "schema": SCHEMA, "job": opts.job, "restart": opts.restart, "phase": state.phase,
         "last_iteration": state.last_iteration,
@@ -519,13 +542,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--poll", type=_positive, default=2.0)
     p.add_argument("--floor-factor", type=_positive, default=3.0)
     p.add_argument("--scancel", default="scancel")
+    # The batch prelude's RUN_DIR rule (slurm_templates/partials/prelude.sh.j2): sbatch runs in the
+    # run directory (SLURM_SUBMIT_DIR); the local executor sets LINGJUN_RUN_DIR.
+    p.add_argument("--run-dir", default=os.environ.get("SLURM_SUBMIT_DIR") or os.environ.get("LINGJUN_RUN_DIR") or None,
+                   help="the run directory: the hang's reason for `status` goes to stage-notes/train.txt")
     a = p.parse_args(argv)
     if a.log_interval < 1:
         p.error("--log-interval must be >= 1")
     restart = os.environ.get("SLURM_RESTART_COUNT", "0")
     opts = Options(a.format, a.progress, a.timeout, a.startup_timeout, a.log_interval, a.pid, a.stacks_dir,
                    a.record, a.grace, a.ntasks, a.poll, a.floor_factor, a.job, int(restart) if restart.isdigit() else 0,
-                   hold_signals=True)
+                   hold_signals=True, run_dir=a.run_dir)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: sys.exit(0))  # the batch script stops it (time limit, the step ended)
     return watch(opts, Actions(a.executor, a.pid, a.job, a.scancel))

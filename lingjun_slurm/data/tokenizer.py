@@ -183,9 +183,12 @@ def hf_eos_token(tok_json: str) -> str | None:
     return next(iter(found.values()), None)
 
 
-def _check_file(path: str | None, what: str) -> str:
+def _check_file(path: str | None, what: str, field: str) -> str:
+    """`path` when it is a file; else DataError naming the file and the spec field (the REASON
+    `status` shows for the stage: stages/preprocess.py)."""
     if not path or not os.path.isfile(path):
-        raise DataError(f"{what} {path!r} does not exist")
+        why = "is not a file" if path and os.path.exists(path) else "does not exist"
+        raise DataError(f"tokenizer file {path!r} ({what}, data.tokenizer.{field}) {why}")
     return path
 
 
@@ -197,7 +200,7 @@ def build(spec: TokenizerSpec, need_eod: bool) -> Tokenizer:
     if spec.type == "sentencepiece":
         import sentencepiece
 
-        path = _check_file(spec.path, "sentencepiece model")
+        path = _check_file(spec.path, "sentencepiece model", "path")
         try:
             sp = sentencepiece.SentencePieceProcessor(model_file=path)
         except (OSError, RuntimeError) as exc:
@@ -207,7 +210,7 @@ def build(spec: TokenizerSpec, need_eod: bool) -> Tokenizer:
     elif spec.type == "huggingface":
         from tokenizers import Tokenizer as HFTokenizer
 
-        path = _check_file(hf_tokenizer_json(str(spec.path)), "huggingface tokenizer.json")
+        path = _check_file(hf_tokenizer_json(str(spec.path)), "huggingface tokenizer.json", "path")
         try:
             hf = HFTokenizer.from_file(path)
         except Exception as exc:  # the Rust loader raises plain Exception
@@ -220,8 +223,8 @@ def build(spec: TokenizerSpec, need_eod: bool) -> Tokenizer:
             raise DataError(f"eos_token {eos!r} of {os.path.dirname(path)} is not in {path}")
         tok = Tokenizer(spec, hf.get_vocab_size(with_added_tokens=True), eod, hf, f"huggingface {path}")
     else:
-        encoder, ranks = gpt2_bpe.load_files(_check_file(spec.vocab_file, "GPT-2 vocab file"),
-                                             _check_file(spec.merge_file, "GPT-2 merges file"))
+        encoder, ranks = gpt2_bpe.load_files(_check_file(spec.vocab_file, "GPT-2 vocab file", "vocab_file"),
+                                             _check_file(spec.merge_file, "GPT-2 merges file", "merge_file"))
         problem = gpt2_bpe.fast_path_problem(encoder, ranks)
         backend = gpt2_bpe.SlowBPE(encoder, ranks) if problem else gpt2_bpe.fast_tokenizer(encoder, ranks)
         how = f"slow path: {problem}" if problem else "tokenizers fast path"

@@ -46,6 +46,40 @@ RESERVE_FILE = ".local-state.reserve"
 RESERVE_BYTES = 256 << 10
 KILL_GRACE_S = float(os.environ.get("LINGJUN_LOCAL_KILL_GRACE_S", "10"))
 DONE = ("COMPLETED", "FAILED", "CANCELLED")
+# The most processes one job may start here: nodes x tasks_per_node tasks all run on this machine
+# (executors/launch.py starts one process per task), so more than a few per CPU only time-slices
+# (and gloo's collectives time out); 128,000 of them would exhaust the process table. `submit
+# --force` runs a larger job anyway.
+TASKS_PER_CPU = 4
+# What the runner sets in each job's environment over the user's own (less any SLURM_*): see _env.
+JOB_ENV = ("PATH", "LINGJUN_EXECUTOR", "LINGJUN_RUN_DIR", "SLURM_JOB_ID", "SLURM_JOBID", "SLURM_JOB_NAME",
+           "SLURM_SUBMIT_DIR", "SLURM_SUBMIT_HOST", "SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NUM_NODES",
+           "SLURM_NNODES", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NTASKS_PER_NODE", "SLURM_RESTART_COUNT",
+           "SLURM_CLUSTER_NAME", "SLURM_JOB_PARTITION", "SLURM_CPUS_PER_TASK", "SLURM_ARRAY_JOB_ID",
+           "SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT", "SLURM_ARRAY_TASK_MIN", "SLURM_ARRAY_TASK_MAX")
+
+
+def max_tasks() -> int:
+    """The most tasks one local job may run: TASKS_PER_CPU per CPU of this machine."""
+    return TASKS_PER_CPU * (os.cpu_count() or 1)
+
+
+def describe(run_dir: str, stages: list[tuple[str, str, list[str], int, Optional[str]]]) -> list[str]:
+    """What the runner will do for stages (name, script, after, tasks, array), in order: the lines
+    `submit --executor local --dry-run` prints."""
+    bindir = os.path.dirname(sys.executable)
+    lines = [f"  each job: {sys.executable} -m lingjun_slurm.executors.supervise -- bash {run_dir}/SCRIPT "
+             f"(cwd {run_dir}, its own process group; output to the script's #SBATCH --output file)",
+             f"  environment: yours without SLURM_*, plus PATH={bindir}:$PATH, LINGJUN_EXECUTOR=local, "
+             f"LINGJUN_RUN_DIR={run_dir} and the SLURM_* a job of one node on {socket.gethostname()} sees "
+             "(SLURM_JOB_ID, SLURM_NTASKS, SLURM_ARRAY_TASK_ID, ...)",
+             f"  jobs start when their dependencies completed; array tasks run {os.cpu_count() or 1} at a time "
+             "(the CPU count); a failed job cancels the jobs after it"]
+    for i, (name, script, after, tasks, array) in enumerate(stages, start=1):
+        deps = f"after {', '.join(after)}" if after else "first"
+        how = f"{tasks} tasks (python3 -m lingjun_slurm.executors.launch)" if tasks > 1 else "1 task"
+        lines.append(f"  {i}. {name:<16} bash {script}   # {deps}; {how}{', array ' + array if array else ''}")
+    return lines
 
 
 
@@ -69,7 +103,8 @@ class LocalRunner:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.cancelled = False
         self.stopped_by: Optional[int] = None  # the first signal that cancelled the run (SIGINT: exit 130)
-        self.failure: Optional[str] = None  # the run stopped itself: why (a full disk)
+        self.failure: Optional[str] = None  # the run stopped itself: why (a full disk, a vanished workdir)
+        self.vanished: Optional[str] = None  # the run directory was deleted mid-run: why the run stopped
         self.use_lock = lock
         self.state = LocalState(self.manifest.run_id, os.getpid(), self.host, proc_start(os.getpid()), self._tasks(),
                                 boot_id=boot_id())
@@ -88,6 +123,9 @@ class LocalRunner:
         for rec in self.manifest.stages:
             if previous is not None and rec.name in self.keep:
                 tasks += [t for t in previous.tasks if t.stage == rec.name]
+                continue
+            if rec.name in self.keep:  # its record is gone (local-state.json deleted): as its markers say
+                tasks += _kept_from_markers(self.run_dir, rec)
                 continue
             pattern = sbatch_option(self.scripts[rec.name], "output") or "slurm-%j.out"
             job_id = rec.job_ids[0]
@@ -212,9 +250,18 @@ class LocalRunner:
         self.echo(f"{_clock()} {task.stage:<14} {task.state:<10} {what}{tail}")
 
     def _why_failed(self, task: TaskState) -> Optional[str]:
-        """A full disk behind a failed job: its log says so (with the path, where the program gave
-        one: cp does, `head > file` and Python's write() do not), or one of the filesystems the job
-        writes to is full now."""
+        """Why a job failed, when known. First the cause the stage itself left for this job in
+        <run_dir>/stage-notes/<stage>.txt (stagenotes.py: a missing input or tokenizer file, the hang
+        watchdog's kill, a full disk, a refused lock, a checkpoint of a newer megatron-core), so a
+        known cause wins over "NonZeroExitCode" (status.py _add_note does not add it twice). Then a
+        full disk: the job's log says so (with the path,
+        where the program gave one: cp does, `head > file` and Python's write() do not), or one of
+        the filesystems the job writes to is full now."""
+        from .. import stagenotes
+
+        note = stagenotes.read_note(self.run_dir, task.stage, [task.job_id])
+        if note:
+            return note
         found = no_space_in_log(task.log)
         if found is not None and found[1]:
             return no_space_reason(found[1], found[0])
@@ -282,8 +329,62 @@ class LocalRunner:
         self.state.error = self.failure
         self._cancel_all(self.failure)
 
+    def _gone(self, suspect: bool = False) -> Optional[str]:
+        """Why the run cannot go on when its run directory is gone (deleted mid-run), else None.
+        suspect: something in it went missing (a job's log, a write failed with ENOENT): an `rm -rf`
+        may be under way, so wait up to 2 s for the directory itself to go."""
+        deadline = time.monotonic() + (2.0 if suspect else 0.0)
+        while os.path.isdir(self.run_dir):
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)
+        time.sleep(0.2)  # an `rm -rf WORKDIR` under way takes the run directory first: let it finish
+        workdir = os.path.dirname(os.path.dirname(self.run_dir.rstrip("/")))
+        what = f"workdir {workdir} vanished" if not os.path.isdir(workdir) else "run directory vanished"
+        return f"{what} ({self.run_dir} was deleted while the run was going)"
+
+    def _vanished(self, exc: Optional[OSError] = None) -> bool:
+        """The run directory is gone: stop every job (FAILED with the reason), once; True then.
+        exc: a write of the runner's that failed (ENOENT there: the directory may be going)."""
+        if self.vanished is not None:
+            return True
+        reason = self._gone(suspect=exc is not None and exc.errno in (errno.ENOENT, errno.ENOTDIR))
+        if reason is None:
+            return False
+        self.vanished = self.failure = reason
+        self.state.error = reason
+        self.echo(f"{_clock()} {reason}: stopping run {self.manifest.run_id}")
+        self._cancel_all(reason)
+        return True
+
+    def _record_vanished(self) -> None:
+        """The last record of a run whose directory is gone: in this machine's copy of runs
+        (runs/mirror.py: <state dir>/runs/<run-id>/manifest.json and status.json), never by making
+        the deleted directory again."""
+        from ..runs import mirror
+        from ..status import RunStatus, StageStatus
+
+        run = RunStatus(self.manifest.run_id, self.manifest.name, "local", self.host, run_dir=self.run_dir)
+        for rec in self.manifest.stages:
+            tasks = [t for t in self.state.tasks if t.stage == rec.name]
+            states = [t.state for t in tasks]
+            state = ("COMPLETED" if states and all(x == "COMPLETED" for x in states)
+                     else "FAILED" if "FAILED" in states else "CANCELLED")
+            reason = next((t.reason for t in tasks if t.state == state and t.reason), None)
+            code = next((t.exit_code for t in tasks if t.exit_code), None)
+            starts = [t.start for t in tasks if t.start]
+            ends = [t.end for t in tasks if t.end]
+            elapsed = int(max(ends) - min(starts)) if starts and ends else None
+            run.stages.append(StageStatus(rec.name, list(rec.job_ids), state, reason, code, elapsed,
+                                          self.host if starts else None, 0))
+        mirror.save_manifest(self.manifest)
+        mirror.save_status(self.manifest.run_id, run.to_json())
+
     def _final_save(self) -> None:
         """The last record, whatever the disk: without the reserve, in place as a last resort."""
+        if self.vanished is not None or self._gone():
+            self._record_vanished()
+            return
         try:
             self._save()
             return
@@ -313,15 +414,23 @@ class LocalRunner:
                 self._reserve()
                 self._save()
             except OSError as exc:
-                if exc.errno not in NO_SPACE:
-                    raise
-                self._disk_full(exc)
+                if not self._vanished(exc):
+                    if exc.errno not in NO_SPACE:
+                        raise
+                    self._disk_full(exc)
             while not self.cancelled and self.failure is None:
-                changed = self._reap() | self._schedule()
+                if self._vanished():  # before _schedule, whose log mkdir would make part of it again
+                    break
+                changed = self._reap()
+                if self._vanished():  # a job just failed because of it: its dependents are not "never satisfied"
+                    break
+                changed |= self._schedule()
                 if changed:
                     try:
                         self._save()
                     except OSError as exc:
+                        if self._vanished(exc):
+                            break
                         if exc.errno not in NO_SPACE:
                             raise
                         self._disk_full(exc)
@@ -358,7 +467,10 @@ class LocalRunner:
                 # process group (a task's orphaned children) is stopped.
                 _killpg(proc.pid, signal.SIGKILL)
                 del self.procs[key]
-                self._finish(self._task(key), rc)
+                task = self._task(key)
+                # a job whose log or the runner's record went missing: is the run directory going?
+                suspect = not (os.path.exists(task.log) and os.path.exists(os.path.join(self.run_dir, STATE_FILE)))
+                self._finish(task, rc, self._gone(suspect) if rc else None)
                 changed = True
         return changed
 
@@ -387,6 +499,28 @@ class LocalRunner:
 
 def _silent(_line: str) -> None:
     pass
+
+
+def _kept_from_markers(run_dir: str, rec: StageRecord) -> list[TaskState]:
+    """The tasks of a stage that `resubmit --from` a later stage keeps, when local-state.json is gone:
+    what each job's marker (jobs/<key>, status.read_marker) says, so the stage is never run again;
+    a task without an ended marker is CANCELLED ("no record left"), which a dependent's afterok
+    does not accept (resubmit_local has checked the stages it needs are COMPLETED)."""
+    from ..status import read_marker
+
+    job_id = rec.job_ids[0]
+    indices: list[Optional[int]] = list(array_indices(rec.array)) if rec.array else [None]
+    out = []
+    for i in indices:
+        key = f"{job_id}_{i}" if i is not None else job_id
+        marker = read_marker(LocalTransport(), run_dir, key)
+        ended = marker is not None and marker.state in DONE
+        out.append(TaskState(key=key, stage=rec.name, job_id=job_id, task=i,
+                             state=marker.state if ended and marker else "CANCELLED",
+                             reason=marker.reason if ended and marker else "no record left (local-state.json missing)",
+                             start=marker.start if marker else None, end=marker.end if marker else None,
+                             exit_code=marker.exit_code if marker else None))
+    return out
 
 
 def write_state(run_dir: str, text: str) -> None:

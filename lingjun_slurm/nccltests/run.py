@@ -15,6 +15,9 @@ from ..errors import CommandError, LingjunError, SubmitError
 from .. import interrupts
 from ..interrupts import signals_interrupt
 from ..slurm.client import SlurmCLI
+# The Slurm-without-a-configuration hint and its detection live with the Slurm client (one wording for
+# submit, doctor and nccl-test); re-exported here for nccl-test's callers.
+from ..slurm.client import UNCONFIGURED_HINT, UNCONFIGURED_MARKERS, unconfigured_hint  # noqa: F401
 from ..slurm.parse import JobInfo
 from ..status import ACTIVE
 from ..status import read_marker
@@ -46,21 +49,6 @@ class JobEnd:
     @property
     def ok(self) -> bool:
         return self.state == "COMPLETED" and not self.exit_code
-
-
-# What Slurm's commands print on a host where they are installed but find no configuration:
-# SchedMD/slurm src/common/read_config.c (at 284c3b95f0) fatal()s with these two after trying
-# SLURM_CONF, /etc/slurm/slurm.conf, the configless cache /run/slurm/conf and DNS SRV records.
-UNCONFIGURED_MARKERS = ("Could not establish a configuration source", "Unable to process configuration file")
-UNCONFIGURED_HINT = ("Slurm's commands are installed here but cannot load a cluster configuration (a slurm.conf "
-                     "at $SLURM_CONF or /etc/slurm/slurm.conf, or a configless slurmd): run on a login node of the "
-                     "cluster, point SLURM_CONF at its slurm.conf, or pass --host [USER@]HOST / --cluster NAME")
-
-
-def unconfigured_hint(exc: CommandError) -> str:
-    """"\n" + UNCONFIGURED_HINT when the command failed for want of a Slurm configuration, else ""."""
-    text = f"{exc.stderr}\n{exc.stdout}"
-    return f"\n{UNCONFIGURED_HINT}" if any(m in text for m in UNCONFIGURED_MARKERS) else ""
 
 
 def submit_all(sched: SlurmCLI, scripts: list[tuple[str, str, str]]) -> list[Job]:

@@ -43,6 +43,12 @@ if TYPE_CHECKING:
     from ..transport.base import Transport
 
 LOCK_NAME = "run.lock"
+# The checkpoint directory's lock (issue 26 item 4): two specs with different workdirs and one
+# checkpoint.dir would train into it at once, so a chain with a train or checkpoint stage also
+# holds <checkpoint dir>/checkpoint.lock, the same holder-file lock taken and released with the
+# workdir's. Its own name: a checkpoint.dir that is the workdir itself must not meet run.lock.
+CKPT_LOCK_NAME = "checkpoint.lock"
+CKPT_STAGES = ("train", "checkpoint")
 
 
 def lock_path(workdir: str) -> str:
@@ -141,7 +147,7 @@ def _orphaned_stage(workdir: str, holder: Holder) -> Optional[str]:
         return None
     from ..executors.localstate import live_orphans
 
-    found = live_orphans(posixpath.join(workdir, "runs", holder.run_id))
+    found = live_orphans(holder.run_dir or posixpath.join(workdir, "runs", holder.run_id))
     if not found:
         return None
     what = ", ".join(f"stage {stage} (pid {pid})" for stage, pid in found)
@@ -152,16 +158,20 @@ def _orphaned_stage(workdir: str, holder: Holder) -> Optional[str]:
 class WorkdirLock:
     """The lock of one workdir, for one run (run_id), on the host the transport reaches."""
 
-    def __init__(self, t: "Transport", workdir: str, run_id: str) -> None:
+    def __init__(self, t: "Transport", workdir: str, run_id: str, *, what: str = "workdir",
+                 path: Optional[str] = None, run_dir: str = "") -> None:
+        """what: "workdir", or "checkpoint directory" (then workdir is that directory, path its
+        checkpoint.lock and run_dir the holding run's directory, which the holder file records)."""
         self.t = t
         self.workdir = workdir.rstrip("/")
         self.run_id = run_id
-        self.path = lock_path(self.workdir)
+        self.what = what
+        self.path = path or lock_path(self.workdir)
         self.slurm_said: list[str] = []
         local = t.kind == "local"
         files: Files = LocalFiles() if local else TransportFiles(t)
         squeue = squeue_on(t, self.slurm_said)
-        self.lock = HolderLock(self.path, purpose="submitting", run_id=run_id, files=files,
+        self.lock = HolderLock(self.path, purpose="submitting", run_id=run_id, files=files, run_dir=run_dir,
                                jobs_alive=lambda ids: slurm_jobs_alive(ids, squeue),
                                job_alive=lambda job: slurm_jobs_alive([job], squeue),
                                still_alive=(lambda h: _orphaned_stage(self.workdir, h)) if local else None)
@@ -206,11 +216,14 @@ class WorkdirLock:
             why += f": {self.slurm_said[-1]}"
         if holder is not None and why == f"pid {holder.pid} is running on {holder.host}":
             why = ""  # said by the description already
-        lines = [f"workdir {self.workdir} is in use by {who}" + (f"; {why}." if why else "."),
-                 "  Two runs in one workdir would share its data shards and checkpoints."]
+        ckpt = self.what != "workdir"
+        lines = [f"{self.what} {self.workdir} is in use by {who}" + (f"; {why}." if why else "."),
+                 "  Two runs training into one checkpoint directory would overwrite each other's checkpoints."
+                 if ckpt else "  Two runs in one workdir would share its data shards and checkpoints."]
         if verdict.state == "alive":
             cancel = f"`lingjun-slurm cancel {run}`" if run else "cancelling it"
-            lines.append(f"  Wait for it to end, stop it ({cancel}), or give this spec another run.workdir"
+            other = "checkpoint.dir" if ckpt else "run.workdir"
+            lines.append(f"  Wait for it to end, stop it ({cancel}), or give this spec another {other}"
                          + ("; --force never breaks a lock whose holder is alive." if force else "."))
         else:
             lines.append("  It cannot be checked from here. If you know it is over, submit again with --force "
@@ -227,30 +240,116 @@ class WorkdirLock:
         self.lock.release()
 
 
-def runner_lock(run_dir: str, run_id: str) -> WorkdirLock:
-    """The local runner's hold on its workdir: taken over from the submit that started it (its
-    parent) or already its own (foreground); a runner started by hand takes it, or refuses."""
+def ckpt_lock_path(ckpt_dir: str) -> str:
+    return f"{ckpt_dir.rstrip('/')}/{CKPT_LOCK_NAME}"
+
+
+def checkpoint_dir_of(plan: object) -> Optional[str]:
+    """The directory a chain trains into (plan.json's host_checkpoint_dir, as the submit host sees
+    it) when it has a train or checkpoint stage; None otherwise (nothing of it to lock)."""
+    if not isinstance(plan, dict):
+        return None
+    stages = plan.get("stages")
+    kinds = {st.get("kind") for st in stages if isinstance(st, dict)} if isinstance(stages, list) else set()
+    where = plan.get("host_checkpoint_dir") or plan.get("checkpoint_dir")
+    return where if isinstance(where, str) and where and kinds & set(CKPT_STAGES) else None
+
+
+def _plan_of(t: "Transport", run_dir: str) -> object:
+    import json
+
+    try:
+        return json.loads(t.read_text(f"{run_dir.rstrip('/')}/plan.json"))
+    except (OSError, ValueError, TransportError):
+        return None
+
+
+class RunLocks:
+    """Every lock a run holds: its workdir's, and its checkpoint directory's when it trains
+    (CKPT_LOCK_NAME). Taken in that order, all or none (WorkdirBusy names the holder of the first
+    one that is held), recording the same job ids, released together."""
+
+    def __init__(self, t: "Transport", workdir: str, run_id: str, run_dir: str,
+                 ckpt_dir: Optional[str] = None) -> None:
+        self.locks = [WorkdirLock(t, workdir, run_id, run_dir=run_dir)]
+        if ckpt_dir:
+            self.locks.append(WorkdirLock(t, ckpt_dir, run_id, what="checkpoint directory",
+                                          path=ckpt_lock_path(ckpt_dir), run_dir=run_dir))
+
+    @classmethod
+    def of_run(cls, t: "Transport", run_dir: str, run_id: str) -> "RunLocks":
+        """The locks of a rendered run (its plan.json says whether it trains, and where)."""
+        return cls(t, workdir_of(run_dir), run_id, run_dir, checkpoint_dir_of(_plan_of(t, run_dir)))
+
+    @property
+    def workdir(self) -> WorkdirLock:
+        return self.locks[0]
+
+    @property
+    def held(self) -> bool:
+        return any(lock.held for lock in self.locks)
+
+    def acquire(self, *, force: bool = False, same_run: bool = False) -> str:
+        notes: list[str] = []
+        taken: list[WorkdirLock] = []
+        try:
+            for lock in self.locks:
+                note = lock.acquire(force=force, same_run=same_run)
+                taken.append(lock)
+                if note:
+                    notes.append(note)
+        except BaseException:
+            for lock in taken:
+                lock.release()
+            raise
+        return "\n".join(notes)
+
+    def record_jobs(self, job_ids: Sequence[str]) -> None:
+        for lock in self.locks:
+            lock.record_jobs(job_ids)
+
+    def release(self) -> None:
+        for lock in reversed(self.locks):
+            lock.release()
+
+
+def runner_lock(run_dir: str, run_id: str) -> RunLocks:
+    """The local runner's hold on its workdir (and checkpoint directory): taken over from the submit
+    that started it (its parent) or already its own (foreground); a runner started by hand takes
+    them, or refuses."""
     from ..transport.local import LocalTransport
 
-    lock = WorkdirLock(LocalTransport(), workdir_of(run_dir), run_id)
-    holder = read_holder(lock.path)
-    mine = (holder is not None and holder.run_id == run_id and holder.host == this_host() and not holder.jobs
-            and holder.pid in (os.getpid(), os.getppid()))
-    if mine and holder is not None:
-        lock.lock.adopt(holder)
-        if holder.pid != os.getpid() or holder.purpose != "local runner":
-            lock.lock.update(pid=os.getpid(), start=process_start(os.getpid()) or "", since=time.time(),
-                             purpose="local runner")
-        return lock
-    lock.lock.purpose = "local runner"
-    lock.acquire()
-    return lock
+    locks = RunLocks.of_run(LocalTransport(), run_dir, run_id)
+    taken: list[WorkdirLock] = []
+    try:
+        for lock in locks.locks:
+            holder = read_holder(lock.path)
+            mine = (holder is not None and holder.run_id == run_id and holder.host == this_host()
+                    and not holder.jobs and holder.pid in (os.getpid(), os.getppid()))
+            if mine and holder is not None:
+                lock.lock.adopt(holder)
+                if holder.pid != os.getpid() or holder.purpose != "local runner":
+                    lock.lock.update(pid=os.getpid(), start=process_start(os.getpid()) or "", since=time.time(),
+                                     purpose="local runner")
+            else:
+                lock.lock.purpose = "local runner"
+                lock.acquire()
+            taken.append(lock)
+    except BaseException:
+        for lock in taken:
+            lock.release()
+        raise
+    return locks
 
 
 def release_if_over(t: "Transport", run_dir: str, run_id: str) -> bool:
-    """Remove the workdir lock when this run holds it and its holder is surely gone (cancel)."""
-    lock = WorkdirLock(t, workdir_of(run_dir), run_id)
-    holder, verdict = lock.lock.judge_current()
-    if holder is None or holder.run_id != run_id or verdict.state != "stale":
-        return False
-    return lock.lock.break_held(holder)
+    """Remove the run's locks (workdir, checkpoint directory) that this run holds and whose holder
+    is surely gone (cancel). True when the workdir's was removed."""
+    released = []
+    for lock in RunLocks.of_run(t, run_dir, run_id).locks:
+        holder, verdict = lock.lock.judge_current()
+        if holder is None or holder.run_id != run_id or verdict.state != "stale":
+            released.append(False)
+            continue
+        released.append(lock.lock.break_held(holder))
+    return released[0]

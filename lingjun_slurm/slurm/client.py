@@ -17,11 +17,49 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
 
-from ..errors import CommandError, SlurmUnavailable
+from ..errors import CommandError, SlurmUnavailable, UsageError
 from ..transport.base import Transport
 from .parse import SACCT_FIELDS, JobInfo, SlurmParseError, parse_sacct_parsable, parse_squeue_json
 
 _JOB_ID_RE = re.compile(r"^[0-9]+$")
+
+# What Slurm's commands print on a host where they are installed but find no configuration (the
+# README's `apt-get install slurm-client` leaves no /etc/slurm/slurm.conf): src/common/read_config.c
+# logs "Could not establish a configuration source" when neither SLURM_CONF, /etc/slurm/slurm.conf,
+# the configless cache nor a DNS SRV record gives one, and "Unable to process configuration file"
+# when the file named cannot be read; the same words in slurm-22-05-8-1 (read_config.c:3492, 3524,
+# 3554), 23-02-0-1 (:3477, 3509, 3553), 23-11-0-1 (:3472, 3504, 3535) and 25-11-7-1 (:3227, 3240,
+# 3268). Seen here with Debian's 22.05.8: `sbatch` with SLURM_CONF unset and no slurm.conf prints
+# "error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host" ... "fatal: Could not
+# establish a configuration source" (10 ms); with SLURM_CONF=/nonexistent it retries for 59 s
+# ("s_p_parse_file: cannot stat file /nonexistent ... retrying in 1sec up to 60sec"), then
+# "fatal: Unable to process configuration file".
+UNCONFIGURED_MARKERS = ("Could not establish a configuration source", "Unable to process configuration file")
+UNCONFIGURED_HINT = ("Slurm's commands are installed here but cannot load a cluster configuration (a slurm.conf "
+                     "at $SLURM_CONF or /etc/slurm/slurm.conf, or a configless slurmd): use --executor local to run "
+                     "on this machine without Slurm (submit), pass --host [USER@]HOST / --cluster NAME, or point "
+                     "SLURM_CONF at the cluster's slurm.conf (or run on a login node of the cluster)")
+
+
+class SlurmUnconfigured(UsageError):
+    """Slurm's client is installed but has no cluster configuration (exit 2, with UNCONFIGURED_HINT)."""
+
+
+def unconfigured_hint(exc: CommandError) -> str:
+    """"\n" + UNCONFIGURED_HINT when the command failed for want of a Slurm configuration, else ""."""
+    text = f"{exc.stderr}\n{exc.stdout}"
+    return f"\n{UNCONFIGURED_HINT}" if any(m in text for m in UNCONFIGURED_MARKERS) else ""
+
+
+def conf_problem(t: Transport) -> str:
+    """Why Slurm's commands on this machine cannot read their configuration, found without running
+    one: SLURM_CONF (local transport only) names no file, which they would retry for 60 s; "" else."""
+    import os
+
+    conf = os.environ.get("SLURM_CONF") if t.kind == "local" else None
+    if conf and not os.path.isfile(conf):
+        return f"SLURM_CONF={conf}: no such file"
+    return ""
 _NO_ACCOUNTING = ("accounting storage is disabled", "Connection refused", "Unable to contact slurm")
 
 
@@ -139,7 +177,16 @@ class SlurmCLI:
 
     def cluster_info(self) -> ClusterInfo:
         """One `scontrol show config`: cluster name, version, accounting and jobcomp settings."""
-        result = self.t.run(["scontrol", "show", "config"], check=True, what="scontrol show config failed")
+        problem = conf_problem(self.t)
+        if problem:
+            raise SlurmUnconfigured(f"{problem}\n{UNCONFIGURED_HINT}")
+        try:
+            result = self.t.run(["scontrol", "show", "config"], check=True, what="scontrol show config failed")
+        except CommandError as exc:
+            if unconfigured_hint(exc):  # Slurm's own lines (DNS SRV lookups) say nothing a user can act on
+                fatal = [ln.strip() for ln in exc.stderr.splitlines() if "fatal:" in ln][-1:]
+                raise SlurmUnconfigured("".join(f"{ln}\n" for ln in fatal) + UNCONFIGURED_HINT) from None
+            raise
         conf: dict[str, str] = {}
         for line in result.stdout.splitlines():
             key, sep, value = line.partition("=")

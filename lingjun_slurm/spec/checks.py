@@ -463,6 +463,62 @@ def check_checkpoint(spec: Spec) -> list[Issue]:
     return []
 
 
+# Pseudo-filesystems of the kernel, where no run directory can be created (proc(5), sysfs(5)).
+# (/dev is left alone: /dev/shm is a real tmpfs.)
+PSEUDO_FS = ("/proc", "/sys")
+
+
+def _path_problem(path: str, what: str) -> str | None:
+    """Why `path` cannot be (or hold) a directory of this run on this machine, or None. Only what
+    the local filesystem shows is judged: a path that does not exist yet is fine (submit makes it).
+    The first existing component that is not a directory is named; so is a dangling symlink."""
+    import os
+
+    norm = os.path.normpath(path)
+    if norm == "/":
+        return f"{what} is the root directory /: the run would write runs/, logs/ and checkpoints/ into /"
+    resolved = os.path.realpath(norm)
+    for base in PSEUDO_FS:
+        for p in {norm, resolved}:
+            if p == base or p.startswith(base + "/"):
+                shown = f"{norm} (-> {resolved})" if p == resolved != norm else norm
+                return f"{what} {shown} is under {base}, a kernel pseudo-filesystem: give a directory on real storage"
+    parts = norm.split("/")
+    for n in range(2, len(parts) + 1):
+        here = "/".join(parts[:n])
+        if os.path.islink(here) and not os.path.exists(here):
+            return f"{here} is a symlink to {os.readlink(here)!r}, which does not exist (dangling): fix or remove it"
+        if os.path.lexists(here) and not os.path.isdir(here):
+            kind = "a file" if os.path.isfile(here) else "not a directory"
+            return (f"{here} is {kind}, not a directory" if here == norm
+                    else f"{here} is {kind}, so {what} {norm} cannot be a directory")
+        if not os.path.lexists(here):
+            return None
+    return None
+
+
+def check_workdir(spec: Spec) -> list[Issue]:
+    """run.workdir and the directories the run makes in it (runs/, logs/ or run.log_dir): refused at
+    validation when this machine shows they cannot be directories (a file, a dangling symlink, /,
+    /proc). On a cluster reached with --host the same path is checked there when submit writes it."""
+    from .resolve import log_dir
+
+    issues: list[Issue] = []
+    workdir = spec.run.workdir
+    problem = _path_problem(workdir, "the workdir")
+    if problem:
+        return [Issue(("run", "workdir"), problem)]
+    for sub in ("runs",):
+        problem = _path_problem(f"{workdir.rstrip('/')}/{sub}", f"{sub}/ in run.workdir")
+        if problem:
+            issues.append(Issue(("run", "workdir"), problem))
+    logs = log_dir(spec)
+    problem = _path_problem(logs, "run.log_dir" if spec.run.log_dir else "logs/ in run.workdir")
+    if problem:
+        issues.append(Issue(("run", "log_dir") if spec.run.log_dir else ("run", "workdir"), problem))
+    return issues
+
+
 def check_stages(spec: Spec) -> list[Issue]:
     issues: list[Issue] = []
     seen: set[str] = set()
@@ -486,7 +542,7 @@ def check_stages(spec: Spec) -> list[Issue]:
 
 RULES: tuple[Rule, ...] = (check_network, check_sbatch, check_container, check_image_stage, check_env,
                            check_megatron_lm, check_data, check_model, check_cpu_bind, check_train_layout,
-                           check_training, check_checkpoint, check_stages)
+                           check_training, check_checkpoint, check_stages, check_workdir)
 
 
 def check(spec: Spec) -> list[Issue]:
@@ -494,3 +550,68 @@ def check(spec: Spec) -> list[Issue]:
     for rule in RULES:
         issues += rule(spec)
     return issues
+
+
+def check_local_paths(spec: Spec, runs_here: bool) -> tuple[list[Issue], list[Issue]]:
+    """(errors, warnings) for the files the built-in stages read, looked up on this machine
+    (issue 26 item 6; docs/status-reasons.md): data.inputs (a glob must match a file, a path must
+    be a file), the tokenizer's files (data.tokenizer.path / vocab_file / merge_file, as
+    data/tokenizer.py opens them) and, with preprocess skipped, data.prefix's .bin/.idx.
+
+    Not a RULE: what exists depends on the machine, not on the spec alone. runs_here: the chain
+    runs on this machine (the local executor): a missing file is an error. Otherwise (Slurm, --host,
+    --cluster) the files live on the cluster, which may not mount them here: a warning. A file a
+    command stage may write first (one that runs before preprocess, like the tiny example's
+    make-corpus) is a warning in both cases."""
+    import glob
+    import os
+
+    data, st = spec.data, spec.stages
+    errors: list[Issue] = []
+    warnings: list[Issue] = []
+    early = {c.name for c in st.commands if c.before == "preprocess"}
+    grew = True
+    while grew:  # commands chained after those run before preprocess too
+        more = {c.name for c in st.commands if c.after in early and c.name not in early}
+        early |= more
+        grew = bool(more)
+
+    def missing(loc: tuple[str | int, ...], message: str, made_by: set[str]) -> None:
+        if made_by:
+            warnings.append(Issue(loc, f"{message} on this machine yet; stage {', '.join(sorted(made_by))} runs "
+                                       "before and may write it"))
+        elif runs_here:
+            errors.append(Issue(loc, f"{message} on this machine"))
+        else:
+            warnings.append(Issue(loc, f"{message} on this machine (it must exist on the cluster's nodes)"))
+
+    if not st.preprocess.skip:
+        for i, pattern in enumerate(data.inputs):
+            if glob.has_magic(pattern):
+                if not any(os.path.isfile(p) for p in glob.iglob(pattern)):
+                    missing(("data", "inputs", i), f"input {pattern!r} matches no file", early)
+            elif not os.path.exists(pattern):
+                missing(("data", "inputs", i), f"input {pattern!r} does not exist", early)
+            elif not os.path.isfile(pattern):
+                errors.append(Issue(("data", "inputs", i), f"input {pattern!r} is not a file"))
+    tok = data.tokenizer
+    if tok is not None and not (st.preprocess.skip and st.train.skip):
+        files: list[tuple[str, str | None]] = []
+        if tok.type in ("huggingface", "sentencepiece"):
+            path = tok.path
+            if tok.type == "huggingface" and path and os.path.isdir(path):
+                path = os.path.join(path, "tokenizer.json")  # data/tokenizer.py hf_tokenizer_json
+            files.append(("path", path))
+        elif tok.type == "gpt2-bpe":
+            files += [("vocab_file", tok.vocab_file), ("merge_file", tok.merge_file)]
+        for field, path in files:
+            if path and not os.path.isfile(path):
+                what = "is not a file" if os.path.exists(path) else "does not exist"
+                missing(("data", "tokenizer", field), f"tokenizer file {path!r} {what}", set())
+    if st.preprocess.skip and not st.train.skip and data.prefix:
+        for ext in (".bin", ".idx"):
+            if not os.path.isfile(data.prefix + ext):
+                missing(("data", "prefix"), f"dataset file {data.prefix + ext!r} does not exist",
+                        {c.name for c in st.commands if c.before in ("train",)})
+                break
+    return errors, warnings

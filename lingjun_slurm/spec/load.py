@@ -170,37 +170,91 @@ _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
 
+STDIN_NAMES = ("-",)
+STDIN_SOURCE = "<stdin>"
+# How long a FIFO is given to deliver its first bytes (or its end): `<(envsubst ...)` writes at
+# once; a named FIFO nobody writes to is refused after this, never waited on forever.
+FIFO_WAIT_S = 10.0
+
+
+def _writer_wrote(fd: int, wait_s: float) -> bool:
+    """Wait for a FIFO opened O_NONBLOCK to have bytes, or an end after a writer came; then make it
+    blocking, so the reads that follow wait for the writer as cat's would. False after wait_s.
+
+    On Linux, poll(2) on a FIFO's read end reports POLLHUP only once a writer has come and gone
+    (fs/pipe.c pipe_poll: "POLLHUP only if there was a writer since the open"), so a FIFO that no
+    writer has opened yet reads as "wait", not as an empty spec (a non-blocking read there would
+    return 0 bytes at once, fifo(7))."""
+    import fcntl
+    import select
+    import time
+
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLHUP)
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        if poller.poll(max(1, int(left * 1000))):
+            break
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    return True
+
+
+def spec_source(path: str | Path) -> str:
+    """The name errors give a spec: its path, or <stdin> for `-`."""
+    return STDIN_SOURCE if str(path) in STDIN_NAMES else str(path)
+
+
 def read_spec_text(path: str | Path) -> str:
     """A spec file's text (SpecError naming the file if it cannot be read).
 
-    Only a regular file of at most MAX_BYTES is read: its size is checked before reading (a
-    50 MB file is refused at once), a FIFO is opened without blocking (O_NONBLOCK) and refused,
-    and so are directories and devices such as /dev/zero, which would never end. Bytes that are
-    not UTF-8 name their line and the field on it.
+    At most MAX_BYTES (1 MiB) are read, whatever the source. A regular file's size is checked
+    before reading (a 50 MB file is refused at once). `-` reads standard input, and a FIFO or
+    pipe, such as bash's `<(envsubst < spec.yaml)` (/dev/fd/63, a pipe), is read as `cat` would
+    read it, to its end, but never past MAX_BYTES + 1 bytes: an endless writer is refused, not
+    waited for; a FIFO that nobody writes to within FIFO_WAIT_S is refused too. Everything is
+    opened without blocking (O_NONBLOCK: opening a FIFO blocks until a writer comes). Directories
+    and devices such as /dev/zero are refused without reading. Bytes that are not UTF-8 name
+    their line and the field on it.
     """
-    name = str(path)
+    name = spec_source(path)
 
     def fail(message: str, line: int | None = None, loc: tuple[str | int, ...] = ()) -> SpecError:
         return SpecError(name, [Issue(loc, message, line)])
 
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise fail("no such file") from None
-    except (OSError, ValueError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise fail(f"cannot read the spec: {reason}") from None
+    if name == STDIN_SOURCE:
+        fd, own = 0, False
+    else:
+        try:
+            fd, own = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC), True
+        except FileNotFoundError:
+            raise fail("no such file") from None
+        except (OSError, ValueError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise fail(f"cannot read the spec: {reason}") from None
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
+        if own:  # a pipe (bash's <(...) is /dev/fd/N) or a named FIFO
+            streamed = stat.S_ISFIFO(info.st_mode)
+            if streamed and not _writer_wrote(fd, FIFO_WAIT_S):
+                raise fail(f"is a FIFO (named pipe) that nobody wrote to within {FIFO_WAIT_S:g} s: write the spec "
+                           "into it (`envsubst < spec.yaml > FIFO`), or give the spec file itself")
+        else:  # standard input: a pipe, a socket or a redirected file; never a terminal
+            streamed = stat.S_ISFIFO(info.st_mode) or stat.S_ISSOCK(info.st_mode)
+        if not (stat.S_ISREG(info.st_mode) or streamed):
             kind = next((what for test, what in _KINDS if test(info.st_mode)), "not a regular file")
+            if not own:
+                raise fail(f"standard input is {kind}: give the spec on a pipe or a redirected file "
+                           "(`lingjun-slurm validate - < spec.yaml`)")
             raise fail(f"is {kind}, not a spec file: give the path of the spec's YAML file")
-        if info.st_size > MAX_BYTES:
+        if stat.S_ISREG(info.st_mode) and info.st_size > MAX_BYTES:
             raise fail(f"the file is {info.st_size} bytes; a spec may be at most {MAX_BYTES} (1 MiB): "
                        "real specs are a few KB")
         chunks: list[bytes] = []
         size = 0
-        while size <= MAX_BYTES:  # st_size can be 0 (/proc) or stale: never read past the limit
+        while size <= MAX_BYTES:  # st_size can be 0 (/proc, a pipe) or stale: never read past the limit
             chunk = os.read(fd, MAX_BYTES + 1 - size)
             if not chunk:
                 break
@@ -209,7 +263,8 @@ def read_spec_text(path: str | Path) -> str:
     except OSError as exc:
         raise fail(f"cannot read the spec: {exc.strerror or exc}") from None
     finally:
-        os.close(fd)
+        if own:
+            os.close(fd)
     data = b"".join(chunks)
     if len(data) > MAX_BYTES:
         raise fail(f"more than {MAX_BYTES} bytes (1 MiB): a spec is a few KB")
@@ -225,4 +280,4 @@ def read_spec_text(path: str | Path) -> str:
 
 def load_spec(path: str | Path) -> LoadedSpec:
     """Read and validate a spec file (SpecError if unreadable or invalid)."""
-    return parse_spec(read_spec_text(path), str(path))
+    return parse_spec(read_spec_text(path), spec_source(path))

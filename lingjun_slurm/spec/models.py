@@ -136,6 +136,31 @@ def _mem_fits(value: str) -> str:
     return value
 
 
+# Fields of a time limit that must stay under their unit's size, by the form's separators: every
+# field but the first, whose size is free ("90" minutes, "48:00:00"). Slurm itself accepts any
+# size (time_str2secs, src/common/parse_time.c, identical in slurm-22-05-8-1, 23-02-0-1,
+# 23-11-0-1 and 25-11-7-1: sscanf "%d-%d:%d:%d" then d*86400 + h*3600 + m*60 + s, with no range
+# check), so "25:99:99" runs 26:40:39: a typo Slurm would misread, refused here.
+_TIME_FIELD_LIMITS = {
+    # separators in the text -> (unit, limit) of each field after the first
+    (":",): (("seconds", 60),),
+    (":", ":"): (("minutes", 60), ("seconds", 60)),
+    ("-",): (("hours", 24),),
+    ("-", ":"): (("hours", 24), ("minutes", 60)),
+    ("-", ":", ":"): (("hours", 24), ("minutes", 60), ("seconds", 60)),
+}
+
+
+def _carried_field(text: str) -> str:
+    """Why a field of a parsed time limit is out of its range ('' when none is)."""
+    seps = tuple(ch for ch in text if ch in "-:")
+    fields = text.replace("-", ":").split(":")[1:]
+    for (unit, limit), raw in zip(_TIME_FIELD_LIMITS.get(seps, ()), fields):
+        if int(raw) >= limit:
+            return f"{unit} {raw} is not below {limit};"
+    return ""
+
+
 def check_time(value: Any) -> int:
     """Seconds of a spec time limit, or ValueError: what sbatch would reject, Slurm's unlimited
     spellings (the tool needs a finite limit), and limits Slurm's int arithmetic cannot hold."""
@@ -157,6 +182,11 @@ def check_time(value: Any) -> int:
                          f"{format_time(TIME_S_MAX)} (Slurm counts seconds in a C int: time_str2secs, "
                          "src/common/parse_time.c)")
     seconds = parse_time(value)
+    carried = _carried_field(str(value).strip())
+    if carried:
+        raise ValueError(f"time limit {value!r}: {carried} Slurm would not refuse it but carry it silently "
+                         f"(time_str2secs in src/common/parse_time.c adds d*86400 + h*3600 + m*60 + s) and "
+                         f"run {format_time(seconds)}; write {format_time(seconds)!r} if that is meant")
     if seconds > TIME_S_MAX:
         raise ValueError(f"time limit {value!r} ({seconds} s) is more than Slurm can hold: at most "
                          f"{format_time(TIME_S_MAX)} ({TIME_S_MAX} s; Slurm counts seconds in a C int, "
@@ -222,7 +252,9 @@ class Resources(SpecModel):
     gpus_per_node: Optional[int] = Field(default=None, ge=0, le=64, description="GPUs per node (--gpus-per-node); 0 for none.")
     cpus_per_task: Optional[int] = Field(default=None, ge=1, le=4096, description="CPUs per task (--cpus-per-task).")
     mem: Optional[Memory] = Field(default=None, description='Memory per node (--mem), e.g. "64G"; "0" for all of it.')
-    time: Optional[TimeLimit] = Field(default=None, description=f"Time limit (--time): {TIME_HELP}.")
+    time: Optional[TimeLimit] = Field(default=None, description=f"Time limit (--time): {TIME_HELP}; after the first "
+                                                                "field, minutes and seconds under 60 and hours under "
+                                                                "24 (Slurm would carry 25:99:99 silently).")
     exclusive: Optional[bool] = Field(default=None, description="Whole nodes (--exclusive); default from cluster.exclusive.")
 
     @field_validator("time", mode="before")

@@ -21,6 +21,7 @@ import os
 import sys
 from typing import Any, Optional
 
+from .. import stagenotes
 from ..data import DataError
 from ..data.writer import HEADER_BYTES
 
@@ -92,9 +93,10 @@ def write_marker(ds: Any, summary: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def main(plan: dict) -> int:
+def main(plan: dict, stage: str = "merge") -> int:
     """Merge every json key's shards in shard order; 1 with a clear message when a shard is missing.
-    0 without merging when merge.done matches the current shards and outputs."""
+    0 without merging when merge.done matches the current shards and outputs. `stage`: the stage
+    whose `status` REASON gets the cause (preprocess when it merges its one shard itself)."""
     from ..data.shard import DataSettings, check_shards, run_merge
 
     try:
@@ -112,9 +114,14 @@ def main(plan: dict) -> int:
         write_marker(ds, summary)
     except DataError as exc:
         print(f"lingjun-slurm: merge: {exc}", file=sys.stderr, flush=True)
+        stagenotes.note_failure(stagenotes.run_dir_of(plan), stage, str(exc))
         return 1
     except OSError as exc:
+        from ..diskspace import no_space_reason
+
         where = f"{exc.filename}: " if exc.filename else ""
         print(f"lingjun-slurm: merge: {where}{exc.strerror or exc}", file=sys.stderr, flush=True)
+        stagenotes.note_failure(stagenotes.run_dir_of(plan), stage,
+                                no_space_reason(exc.filename, exc.errno) or f"{where}{exc.strerror or exc}")
         return 1
     return 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 
+from .. import stagenotes
 from ..data import DataError
 
 
@@ -22,6 +23,8 @@ def main(plan: dict, shard: int) -> int:
         run_shard(ds, shard)
     except DataError as exc:
         print(f"lingjun-slurm: preprocess shard {shard}: {exc}", file=sys.stderr, flush=True)
+        # The cause in `status`'s REASON (stagenotes.py): "input '/data/*.jsonl' matches no file".
+        stagenotes.note_failure(stagenotes.run_dir_of(plan), "preprocess", str(exc))
         return 1
     except KeyboardInterrupt:
         print(f"lingjun-slurm: preprocess shard {shard}: interrupted; partial outputs removed",
@@ -31,5 +34,5 @@ def main(plan: dict, shard: int) -> int:
         # The plan has no merge job (plan.merge_in_preprocess): its work, here. One shard: hard links.
         from . import merge
 
-        return merge.main(plan)
+        return merge.main(plan, stage="preprocess")
     return 0

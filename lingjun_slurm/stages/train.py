@@ -32,6 +32,7 @@ def main(plan: dict) -> int:
         return run(settings)
     except TrainError as exc:
         print(f"lingjun-slurm: train: {exc}", file=sys.stderr, flush=True)
+        _note(plan, str(exc))
         return 1
     except KeyboardInterrupt:
         print("lingjun-slurm: train: interrupted", file=sys.stderr, flush=True)
@@ -44,6 +45,7 @@ def main(plan: dict) -> int:
         if exc.errno not in NO_SPACE:  # a full disk is one line; anything else a crash (below)
             return _crash(exc)
         print(f"lingjun-slurm: train: {no_space_reason(exc.filename, exc.errno)}", file=sys.stderr, flush=True)
+        _note(plan, str(no_space_reason(exc.filename, exc.errno)))
         return 1
     except Exception as exc:  # a crash inside torch/megatron: the traceback, then one summary line
         return _crash(exc)
@@ -52,6 +54,14 @@ def main(plan: dict) -> int:
 
         print(f"lingjun-slurm: train: {describe_exception(exc)}", file=sys.stderr, flush=True)
         return 1
+
+
+def _note(plan: dict, text: str) -> None:
+    """The failure's cause for `status` (rank 0's; stagenotes.py). Under Slurm the requeue decision
+    after the step (retry.py) may replace it with why the job is not requeued."""
+    from .. import stagenotes
+
+    stagenotes.note_failure(stagenotes.run_dir_of(plan), "train", text)
 
 
 def _crash(exc: BaseException) -> int:

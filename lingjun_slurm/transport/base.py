@@ -90,6 +90,15 @@ class Transport(abc.ABC):
     def write_atomic(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
         """Write a temp file beside path, then rename it over path: readers never see half a file."""
 
+    @abc.abstractmethod
+    def rename_new(self, src: str, dst: str) -> None:
+        """Rename the directory src to dst, which must not exist (FileExistsError if it does): the
+        last step of writing a directory whole (submit.write_run_dir), on the host itself."""
+
+    @abc.abstractmethod
+    def remove_tree(self, path: str) -> None:
+        """Remove a directory and everything in it; nothing when it does not exist."""
+
     def put(self, local: Path, remote: str, mode: Optional[int] = None) -> None:
         """Copy a local file to the host (atomically)."""
         self.write_atomic(remote, Path(local).read_bytes(), mode if mode is not None else Path(local).stat().st_mode & 0o777)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import shutil
@@ -86,6 +87,20 @@ class LocalTransport(Transport):
             except OSError:
                 pass
             raise TransportError(f"cannot write {path}: {exc.strerror}") from exc
+
+    def rename_new(self, src: str, dst: str) -> None:
+        # rename(2) would put an empty directory dst aside silently: it must not exist at all
+        if os.path.lexists(dst):
+            raise FileExistsError(errno.EEXIST, f"{dst} exists", dst)
+        try:
+            os.rename(src, dst)
+        except OSError as exc:
+            if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                raise FileExistsError(errno.EEXIST, f"{dst} exists", dst) from None
+            raise TransportError(f"cannot rename {src} to {dst}: {exc.strerror}") from exc
+
+    def remove_tree(self, path: str) -> None:
+        shutil.rmtree(path, ignore_errors=True)
 
     @contextmanager
     def lock(self, path: str, timeout: float = 60.0) -> Iterator[None]:

@@ -423,6 +423,36 @@ class SSHTransport(Transport):
                     raise FileExistsError(errno.EEXIST, f"{path} exists on {self.where}", path) from None
                 raise exc
 
+    def rename_new(self, src: str, dst: str) -> None:
+        """SFTP rename on the host (OpenSSH's sftp-server: rename(2) for a directory), after a stat
+        that dst is absent: rename(2) would replace an empty directory dst."""
+        sftp = self._sftp_client()
+        a, b = self._path(src), self._path(dst)
+        with self._sftp_errors("rename", f"{src} to {dst}"):
+            if sshfiles.stat_or_none(sftp, b) is not None:
+                raise FileExistsError(errno.EEXIST, f"{dst} exists on {self.where}", dst)
+            sftp.rename(a, b)
+
+    def remove_tree(self, path: str) -> None:
+        sftp = self._sftp_client()
+        root = self._path(path)
+        with self._sftp_errors("remove", path):
+            st = sshfiles.stat_or_none(sftp, root)
+            if st is None:
+                return
+            stack, dirs = [root], []
+            while stack:
+                d = stack.pop()
+                dirs.append(d)
+                for attr in sftp.listdir_attr(d):
+                    child = posixpath.join(d, attr.filename)
+                    if sshfiles.is_dir(attr):
+                        stack.append(child)
+                    else:
+                        sftp.remove(child)
+            for d in reversed(dirs):
+                sftp.rmdir(d)
+
     def _write_via_tmp(self, path: str, mode: int, write: Callable[[IO[bytes]], None], what: str) -> None:
         sftp = self._sftp_client()
         p = self._path(path)

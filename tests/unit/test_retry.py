@@ -105,6 +105,29 @@ def test_main_prints_the_decision_and_leaves_a_stop_for_status(tmp_path: Path, c
     assert not (other / "stage-notes").exists()
 
 
+def test_the_trainers_own_cause_stays_first_in_the_note(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trainer said why it stopped (a checkpoint from a newer megatron-core) in this job's note:
+    the stop decision is added after it, never in its place; another job's note is replaced."""
+    from lingjun_slurm import stagenotes
+
+    run_dir = tmp_path / "run"
+    monkeypatch.setenv("SLURM_JOB_ID", "76")
+    stagenotes.write_note(str(run_dir), "train", "an earlier job's note")
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    argv = ["--log", str(FIXTURES / "exit1-first.log"), "--rc", "143", "--start-iteration", "0",
+            "--last-iteration", "0", "--run-dir", str(run_dir)]
+    main(argv)
+    note = json.loads((run_dir / "stage-notes" / "train.txt").read_text())["note"]
+    assert "earlier job" not in note and "exited with code 1 first" in note
+    cause = "cannot resume from /ckpt: iter_0000003: saved by megatron-core >= 0.19"
+    stagenotes.write_note(str(run_dir), "train", cause)
+    main(argv)
+    capsys.readouterr()
+    note = json.loads((run_dir / "stage-notes" / "train.txt").read_text())["note"]
+    assert note.startswith(cause + "; ") and "exited with code 1 first" in note
+
+
 def test_main_with_a_missing_log_and_hang_record(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     record = tmp_path / "hang.json"
     record.write_text('{"hang": true}')

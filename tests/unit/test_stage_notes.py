@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lingjun_slurm import status
+from lingjun_slurm import stagenotes, status
 from lingjun_slurm.train import resume
 from lingjun_slurm.transport.local import LocalTransport
 
@@ -39,13 +39,13 @@ def test_the_note_shows_for_its_own_job_only(tmp_path: Path, monkeypatch: pytest
     mine, later = _stage("123", "FAILED", "NonZeroExitCode"), _stage("124")
     status._add_note(mine, None, str(tmp_path))
     status._add_note(later, None, str(tmp_path))
-    assert mine.reason == f"NonZeroExitCode; {LINE}"
+    assert mine.reason == LINE  # the known cause replaces Slurm's generic word
     assert later.reason is None  # a resubmitted train job: the old fallback is not its story
 
 
 def test_a_clean_start_removes_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SLURM_JOB_ID", "123")
-    resume.write_note(str(tmp_path), LINE)
+    stagenotes.write_note(str(tmp_path), "train", LINE)  # an earlier job's trainer
     resume.clear_note(str(tmp_path))
     resume.clear_note(str(tmp_path))  # nothing there: no error
     st = _stage("123", "RUNNING")
@@ -85,7 +85,7 @@ def test_an_ended_stage_is_read_once_a_running_one_every_time(tmp_path: Path, mo
 def test_a_requeued_job_is_read_again_when_it_ends_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A requeue keeps the job id: the cache of ended notes is per restart too."""
     monkeypatch.setenv("SLURM_JOB_ID", "9")
-    resume.write_note(str(tmp_path), LINE)
+    stagenotes.write_note(str(tmp_path), "train", LINE)  # the first attempt's trainer (another process)
     t = CountingTransport()
     st = _stage("9", "FAILED")
     status._add_note(st, t, str(tmp_path))
