@@ -5,7 +5,7 @@
 Starts --ranks processes (torch.distributed, gloo, 127.0.0.1, CPU). They save one checkpoint of
 --gib GiB with megatron-core's dist_checkpointing.save (torch_dist, the trainer's strategy: each
 rank writes its own shards, two writer threads each) into DIR/iter_0000001, then write its
-manifest the way the trainer's save does (lingjun_slurm/train/hashcheck.py save_manifest, each
+manifest the way the trainer's save does (lingjun_slurm/injob/train/hashcheck.py save_manifest, each
 rank hashing the files it wrote), and then load it --repeat times in each of three ways, in
 alternating order, in the same run:
 
@@ -85,12 +85,12 @@ def worker(rank: int, world: int, ckpt_dir: str, gib: float, repeat: int, cold: 
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
 
-    from lingjun_slurm.train import cpu_compat, hashcheck, resume
+    from lingjun_slurm.injob.train import cpu_compat, hashcheck, resume
 
     import logging
 
     # sha256+load stands in for an image without xxhash: the trainer's warning saying so is not news here
-    logging.getLogger("lingjun_slurm.train.resume").setLevel(logging.ERROR)
+    logging.getLogger("lingjun_slurm.injob.train.resume").setLevel(logging.ERROR)
     cpu_compat.activate()  # megatron-core's CUDA-only calls on the CPU, as the trainer runs them
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}", rank=rank,
                             world_size=world)

@@ -280,7 +280,7 @@ class Bench:
                    f"after the restart: exit {up.returncode}")
 
     def exit1_start(self) -> Row:
-        """A deterministic crash before any checkpoint: not retried (lingjun_slurm/retry.py)."""
+        """A deterministic crash before any checkpoint: not retried (lingjun_slurm/injob/host/retry.py)."""
         sub = self.tmp / "exit1-start"
         sub.mkdir()
         spec, _ = megatron_standin_spec(sub, "if rank == 1:\n    sys.exit(1)\ntime.sleep(300)\n", max_restarts=3)

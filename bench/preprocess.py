@@ -205,7 +205,7 @@ def timed(cmd: list[str], env: dict[str, str], sample: bool = True) -> tuple[flo
 
 OURS = """
 import json, sys
-from lingjun_slurm.stages import preprocess
+from lingjun_slurm.injob.stages import preprocess
 sys.exit(preprocess.main(json.load(open(sys.argv[1])), 0))
 """
 

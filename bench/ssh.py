@@ -55,7 +55,7 @@ sys.path.insert(0, str(REPO))  # tests.ssh.fixtures (the test sshd) and tests.re
 import pytest  # noqa: E402  (the fixture helpers report errors with pytest.fail / pytest.skip)
 
 from lingjun_slurm.bundle import ship  # noqa: E402
-from lingjun_slurm.errors import LingjunError  # noqa: E402
+from lingjun_slurm.common.errors import LingjunError  # noqa: E402
 from lingjun_slurm.transport import LocalTransport  # noqa: E402
 from lingjun_slurm.transport.ssh import SSHTransport  # noqa: E402
 from tests.ssh.fixtures import SSHD, SSHServer, require_sshd  # noqa: E402

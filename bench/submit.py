@@ -44,7 +44,7 @@ from typing import Any, Mapping, Optional
 import yaml
 
 from lingjun_slurm.devcluster import DevCluster, DevClusterConfig, DevClusterError
-from lingjun_slurm.errors import LingjunError
+from lingjun_slurm.common.errors import LingjunError
 from lingjun_slurm.runs.index import RunIndex
 from lingjun_slurm.runs.manifest import Manifest, load_manifest
 from lingjun_slurm.slurm.client import SlurmCLI

@@ -1,3 +1,3 @@
 """lingjun-slurm: Megatron GPT training chains on Slurm + pyxis clusters."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

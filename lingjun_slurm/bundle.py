@@ -26,7 +26,7 @@ from pathlib import Path, PurePosixPath
 from typing import Optional
 
 from . import __version__
-from .errors import UsageError
+from .common.errors import UsageError
 from .transport.base import Transport
 
 PACKAGE = "lingjun_slurm"

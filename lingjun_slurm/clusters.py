@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 from pydantic import Field, StringConstraints, ValidationError, field_validator
 
-from .errors import EXIT_INVALID, Issue, LingjunError, UsageError
+from .common.errors import EXIT_INVALID, Issue, LingjunError, UsageError
 from .spec.base import NAME_RE, SAFE_PATH_RE, SLURM_WORD_RE, Strict  # not spec.models: no spec classes at import
 
 if TYPE_CHECKING:
@@ -249,7 +249,7 @@ def parse_spec_with_defaults(text: str, source: str,
     """
     import hashlib
 
-    from .errors import SpecError
+    from .common.errors import SpecError
     from .spec.checks import check
     from .spec.load import LoadedSpec, issues_from_validation, parse_spec  # noqa: F811
     from .spec.models import Spec

@@ -31,8 +31,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .errors import Issue, Loc
-from .shell import Shell, Word
+from .common.errors import Issue, Loc
+from .common.shell import Shell, Word
 from .spec.models import SAFE_PATH_RE, ContainerSpec, Mount
 
 IMAGE_CHARS_RE = re.compile(r"^[A-Za-z0-9._:/@#+-]+$")

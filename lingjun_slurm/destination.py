@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
-from .errors import UsageError
+from .common.errors import UsageError
 
 if TYPE_CHECKING:
     from .clusters import ClusterConfig

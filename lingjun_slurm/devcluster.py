@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import LingjunError
+from .common.errors import LingjunError
 
 DEFAULT_ROOT = Path("/tmp/lingjun-devcluster")
 MARKER = ".lingjun-devcluster"  # only a directory holding this (or an empty one) is ever wiped

@@ -1,4 +1,4 @@
-"""`lingjun-slurm doctor SPEC`: the train job's pre-flight (lingjun_slurm/preflight) as a job of its own.
+"""`lingjun-slurm doctor SPEC`: the train job's pre-flight (lingjun_slurm/injob/preflight) as a job of its own.
 
 The same two steps the train script runs before training (slurm_templates/partials/faults.sh.j2):
 one task per node, `python3 -m lingjun_slurm.stages preflight`, with the train step's srun flags
@@ -33,9 +33,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from .errors import LingjunError, SubmitError, UsageError
+from .common.errors import LingjunError, SubmitError, UsageError
 from .plan import PLAN_VAR, PYTHON, Plan, StagePlan, build_plan
-from .shell import Shell, Word
+from .common.shell import Shell, Word
 from .spec.load import LoadedSpec
 from .spec.models import Spec
 from .transport.base import Transport
@@ -190,7 +190,7 @@ def doctor_spec(spec: Spec, choice: ImageChoice) -> Spec:
 
 
 def _sbatch(train: StagePlan, job_name: str) -> tuple[tuple[str, Optional[str]], ...]:
-    from .timefmt import format_time, parse_time
+    from .common.timefmt import format_time, parse_time
 
     opts = {k: v for k, v in train.sbatch if k not in DROPPED_OPTIONS}
     opts["job-name"] = job_name
@@ -332,8 +332,8 @@ def read_verdict(t: Transport, job: DoctorJob, job_id: str) -> Optional[dict[str
 
 def verdict_lines(verdict: dict[str, Any]) -> list[str]:
     """The judge's lines (as preflight/judge.py prints them), each bad node's further reasons under it."""
-    from .preflight import PREFIX
-    from .preflight.judge import late_lines
+    from .injob.preflight import PREFIX
+    from .injob.preflight.judge import late_lines
 
     lines = []
     for node, why in (verdict.get("bad_nodes") or {}).items():

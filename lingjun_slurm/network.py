@@ -10,9 +10,9 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .errors import UsageError
+from .common.errors import UsageError
 from .presets import load
-from .shell import quote
+from .common.shell import quote
 
 __all__ = ["FORMATS", "SCOPES", "EnvVar", "NcclReference", "NetworkEnv", "Profile", "Revision", "get_profile",
            "node_file_names", "profile_for_instance", "profiles", "quote", "render", "resolve", "unset_refusal",

@@ -15,11 +15,11 @@ from . import __version__, network
 from .container import host_side, is_squashfs_path, mounts_with_workdir, parse_mount, pyxis_flags
 from .megatron import args as megatron_args
 from .network import EnvVar, NetworkEnv
-from .shell import Shell, Word, to_json
+from .common.shell import Shell, Word, to_json
 from .spec.models import CommandStage, Resources, Spec, mem_mib
 from .spec.resolve import (StageResources, active_builtins, builtin_resources, checkpoint_dir, command_resources,
                            data_prefix, log_dir, output_prefix, resolve_model, stage_order)
-from .timefmt import format_time, parse_time
+from .common.timefmt import format_time, parse_time
 
 PLAN_SCHEMA = 1
 # sbatch's memory options are mutually exclusive: with one of these in sbatch_extra, no --mem.
@@ -370,7 +370,7 @@ def _builtin_commands(spec: Spec, kind: str) -> tuple[tuple[tuple[Word, ...], ..
         script = f"{spec.megatron_lm.path}/pretrain_gpt.py"
         # With the shipped lingjun_slurm in the tasks, pyrun registers the stack dump the hang
         # watchdog asks for (faulthandler on SIGUSR2) and then runs the script as python would.
-        runner: tuple[Word, ...] = (PYTHON, "-m", "lingjun_slurm.pyrun") if (
+        runner: tuple[Word, ...] = (PYTHON, "-m", "lingjun_slurm.injob.pyrun") if (
             spec.run.ship_code and spec.training.hang_timeout) else (PYTHON,)
         return ((*runner, script, *megatron_args.pretrain_args(spec)),), {}
     return (own,), {}

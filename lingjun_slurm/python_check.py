@@ -15,16 +15,16 @@ whatever the job's PATH finds first, run in the run directory (prelude.sh.j2: `c
   this process's for the local transport, the remote user's non-interactive login shell for
   SSH (transport/ssh.py runs every command there). With run.ship_code the stage also has
   <run_dir>/site in front of PYTHONPATH (plan.TASK_WRAPPER), so lingjun_slurm itself comes from
-  there and what can be missing is the stack (stages/runtime.py).
+  there and what can be missing is the stack (injob/stages/runtime.py).
 * Local executor: the runner puts the directory of its own interpreter first on PATH
   (executors/local.py LocalRunner._env), and ships no code.
 * Stage inside a pyxis container: the image's PATH and python3. That cannot be checked before
   the job starts (the image may not even be imported yet), so no check is made for it and
-  nothing is printed; the stage checks itself when it starts (stages/runtime.py).
+  nothing is printed; the stage checks itself when it starts (injob/stages/runtime.py).
 
 So this module runs that same `python3`, once, through the run's Transport, in the run
 directory, with the same PATH (local executor) or sys.path head (ship_code), and reports
-whether it imports lingjun_slurm, which version, and what stages/runtime.py says is missing for
+whether it imports lingjun_slurm, which version, and what injob/stages/runtime.py says is missing for
 the host-side stages. One subprocess with a timeout; none when no built-in stage runs on the host.
 """
 
@@ -61,7 +61,7 @@ except Exception as exc:
     out["error"] = "%s: %s" % (type(exc).__name__, exc)
 else:
     try:
-        from lingjun_slurm.stages.runtime import problems
+        from lingjun_slurm.injob.stages.runtime import problems
         need = {}
         for arg in sys.argv[2:]:
             stage, tok, copy_to = arg.split(":", 2)
@@ -116,7 +116,7 @@ def probe(t: Transport, plan: Plan, run_dir: str, *, ship_code: bool, timeout: f
             found.problems = {k: list(v) for k, v in (data.get("problems") or {}).items()}
             found.sbatch_export = data.get("sbatch_export")
             if data.get("problems_error"):
-                found.error = f"its lingjun_slurm.stages.runtime failed ({data['problems_error']})"
+                found.error = f"its lingjun_slurm.injob.stages.runtime failed ({data['problems_error']})"
             return found
     if res.returncode == 127:
         found.error = f"no {PYTHON} on the PATH"

@@ -18,7 +18,7 @@ import jinja2
 from . import __version__, network
 from .network import NetworkEnv
 from .plan import TASK_WRAPPER, Plan, StagePlan
-from .shell import Shell, Word, join, quote
+from .common.shell import Shell, Word, join, quote
 
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -231,7 +231,7 @@ def write_files(files: dict[str, str], outdir: Path) -> list[Path]:
     one TransportError naming the path and the OS's reason (exit 1, as every other I/O error),
     never a traceback; a temp file already made is removed.
     """
-    from .errors import TransportError
+    from .common.errors import TransportError
 
     try:
         outdir.mkdir(parents=True, exist_ok=True)

@@ -28,11 +28,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
-from .errors import CommandError, LingjunError, SlurmUnavailable
+from .common.errors import CommandError, LingjunError, SlurmUnavailable
 from .runs.manifest import Manifest, StageRecord
 from .slurm.parse import JobInfo, SlurmParseError, parse_jobcomp_filetxt
 from .slurm.queue import Choice, QueueReader, choose_reader
-from .stagenotes import NOTES_DIR
+from .injob.host.stagenotes import NOTES_DIR
 from .transport.base import Transport
 
 STATUS_SCHEMA = 1
@@ -186,11 +186,11 @@ def aggregate(infos: list[JobInfo], now: float) -> tuple[str, Optional[str], Opt
 
 
 # <run_dir>/stage-notes/<stage>.txt: one JSON line a stage leaves for status, {"time", "job",
-# "note"} (lingjun_slurm/stagenotes.py: the train stage's checkpoint fallback, the requeue
+# "note"} (lingjun_slurm/injob/host/stagenotes.py: the train stage's checkpoint fallback, the requeue
 # decision's stop), shown in the stage's REASON while "job" is the stage's current job.
 STAGE_NOTES = NOTES_DIR
 NOTED_STAGES = ("train",)
-EXCLUDED = "nodes/excluded.json"  # lingjun_slurm/exclusion.py RECORD
+EXCLUDED = "nodes/excluded.json"  # lingjun_slurm/injob/host/exclusion.py RECORD
 # Notes of stages that have ended, by (path, job, restarts): they cannot change any more, so
 # `status --watch` reads each once (over SSH one SFTP read), not on every refresh. A requeue keeps
 # the job id and counts a restart: its next end is read afresh.
@@ -198,7 +198,7 @@ _ENDED_NOTES: dict[tuple[str, str, int], Optional[str]] = {}
 
 
 def _read_note(t: Optional[Transport], path: str, job_ids: list[str]) -> Optional[str]:
-    from .stagenotes import note_of
+    from .injob.host.stagenotes import note_of
     from .transport.local import LocalTransport
 
     try:
@@ -209,10 +209,10 @@ def _read_note(t: Optional[Transport], path: str, job_ids: list[str]) -> Optiona
 
 
 def _read_excluded(t: Optional[Transport], path: str, job_ids: list[str]) -> Optional[str]:
-    """The train job's excluded nodes and why (<run_dir>/nodes/excluded.json, lingjun_slurm/exclusion.py)."""
+    """The train job's excluded nodes and why (<run_dir>/nodes/excluded.json, lingjun_slurm/injob/host/exclusion.py)."""
     import json
 
-    from .exclusion import describe
+    from .injob.host.exclusion import describe
     from .transport.local import LocalTransport
 
     try:
@@ -516,7 +516,7 @@ def _without_state(m: Manifest, run: RunStatus, transport: Optional[Transport]) 
 
 def _runner_starting(m: Manifest) -> bool:
     """This run's local runner holds its workdir lock and lives: its first record is on its way."""
-    from .holderlock import judge, read_holder
+    from .common.holderlock import judge, read_holder
     from .runs.workdir_lock import lock_path, workdir_of
 
     holder = read_holder(lock_path(workdir_of(m.run_dir)))
@@ -559,7 +559,7 @@ def run_banner(run: RunStatus) -> str:
 def stage_cells(run: RunStatus, s: StageStatus) -> tuple[str, str, str]:
     """(ELAPSED, EXIT, REASON) of a stage's row, as the plain and the rich table show them; a
     reason that repeats the run's banner points to it."""
-    from .timefmt import format_time
+    from .common.timefmt import format_time
 
     elapsed = format_time(s.elapsed_s) if s.elapsed_s is not None else "-"
     code = "-" if s.exit_code is None else str(s.exit_code)

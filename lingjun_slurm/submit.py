@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from typing import Callable, NoReturn, Optional, Sequence
 
 from . import __version__, python_check
-from .errors import LingjunError, SubmitError, UsageError
-from .interrupts import signals_interrupt
+from .common.errors import LingjunError, SubmitError, UsageError
+from .common.interrupts import signals_interrupt
 from .plan import Plan, StagePlan, build_plan
 from .render import render_plan
 from .runs.index import RunIndex, entry_for

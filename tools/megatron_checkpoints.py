@@ -29,7 +29,7 @@ OUT/REV_NAME/LAYOUT/ holds latest_checkpointed_iteration.txt, iter_0000003/ and 
 (tests/train/helpers.py make_cross_dataset).
 
 The child makes pretrain_gpt.py run without CUDA, and records what it changed ("shims" in
-losses.json): lingjun_slurm.train.cpu_compat (megatron-core's CUDA-only calls on the CPU), a device
+losses.json): lingjun_slurm.injob.train.cpu_compat (megatron-core's CUDA-only calls on the CPU), a device
 count of 1 (so _initialize_distributed builds the model-parallel groups), torch.cuda's generator =
 cpu_compat's emulated device generator (dropout draws from it, the DataLoaders' seeds from the CPU
 generator, as on a GPU), null CUDA streams/events, no-op empty_cache / memory stats, no fused-kernel
@@ -81,7 +81,7 @@ def vocab_argv(declared: str) -> list[str]:
 
 
 SHIMS = [
-    "lingjun_slurm.train.cpu_compat.activate(force=True)",
+    "lingjun_slurm.injob.train.cpu_compat.activate(force=True)",
     "torch.cuda.device_count() = 1, set_device no-op",
     "get_device_properties/capability: sm_90 (validate_args, TP > 1)",
     "torch.cuda's generator (get/set_rng_state, manual_seed[_all], initial_seed): cpu_compat's emulated "
@@ -91,7 +91,7 @@ SHIMS = [
     "compile_helpers, set_jit_fusion_options: no-op",
     "initialize_megatron(allow_no_cuda=True)",
     "typing.override = lambda f: f (Python < 3.12), in a sitecustomize (spawned processes too)",
-    "distributed optimizer with torch Adam: lingjun_slurm.train.ckpt._prime_adam_steps/_restore_adam_steps "
+    "distributed optimizer with torch Adam: lingjun_slurm.injob.train.ckpt._prime_adam_steps/_restore_adam_steps "
     "and torch.no_grad() around load_checkpoint",
 ]
 
@@ -120,7 +120,7 @@ os.environ.setdefault("RANK", "0"); os.environ.setdefault("WORLD_SIZE", "1"); os
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1"); os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
 sys.path.insert(0, root)
 import torch
-from lingjun_slurm.train import cpu_compat
+from lingjun_slurm.injob.train import cpu_compat
 cpu_compat.activate(force=True)
 torch.cuda.device_count = lambda: 1
 class _Props:  # validate_args asks for the GPU arch when TP > 1 (as tools/megatron_reference.py answers)
@@ -173,7 +173,7 @@ T.train_step = train_step
 # distributed optimizer's state_dict() reads when load_checkpoint builds the loading state dict
 # (distrib_optimizer.py state_dict: assert len(steps) == 1): the builtin's own workaround, around
 # Megatron-LM's load_checkpoint. GPUs use TE's FusedAdam and never get here.
-from lingjun_slurm.train import ckpt as _lj
+from lingjun_slurm.injob.train import ckpt as _lj
 _load = T.load_checkpoint
 def load_checkpoint(model, optimizer, *a, **k):
     if optimizer is not None and getattr(get_args_(), "use_distributed_optimizer", False):

@@ -47,7 +47,7 @@ def launch(ntasks: int, argv: list[str], kill_on_bad_exit: bool = False, grace_s
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
-    signal.signal(signal.SIGUSR2, forward)  # the hang watchdog's "dump your stacks" (lingjun_slurm.stacks), as srun does
+    signal.signal(signal.SIGUSR2, forward)  # the hang watchdog's "dump your stacks" (lingjun_slurm.injob.stacks), as srun does
     first_bad = 0
     killed_at: Optional[float] = None
     while True:

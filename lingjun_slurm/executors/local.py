@@ -32,8 +32,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Callable, Optional
 
-from ..atomicfile import atomic_write
-from ..diskspace import NO_SPACE, full_filesystem, mount_point, no_space_in_log, no_space_reason
+from ..common.atomicfile import atomic_write
+from ..common.diskspace import NO_SPACE, full_filesystem, mount_point, no_space_in_log, no_space_reason
 from ..runs.logs import array_indices, resolve_pattern, sbatch_option
 from ..runs.manifest import Manifest, StageRecord, load_manifest
 from ..transport.local import LocalTransport
@@ -257,7 +257,7 @@ class LocalRunner:
         full disk: the job's log says so (with the path,
         where the program gave one: cp does, `head > file` and Python's write() do not), or one of
         the filesystems the job writes to is full now."""
-        from .. import stagenotes
+        from ..injob.host import stagenotes
 
         note = stagenotes.read_note(self.run_dir, task.stage, [task.job_id])
         if note:
@@ -551,7 +551,7 @@ def cancel_local(run_dir: str, timeout: float = KILL_GRACE_S + 5) -> list[str]:
         return []
     here = socket.gethostname()
     if state.host and state.host != here:
-        from ..errors import UsageError
+        from ..common.errors import UsageError
 
         raise UsageError(f"run {state.run_id} runs on host {state.host}; cancel it there (this is {here})")
     done: list[str] = []
@@ -581,7 +581,7 @@ def cancel_local(run_dir: str, timeout: float = KILL_GRACE_S + 5) -> list[str]:
     try:
         write_state(run_dir, state.to_json())
     except OSError as exc:
-        from ..errors import TransportError
+        from ..common.errors import TransportError
 
         raise TransportError(f"stopped {', '.join(done) or 'nothing'}, but cannot record it in "
                              f"{run_dir}/{STATE_FILE}: {no_space_reason(run_dir, exc.errno) or exc.strerror}") from exc
@@ -600,7 +600,7 @@ def detach(run_dir: str) -> int:
     while read_state(run_dir) is None and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)  # so a status or cancel right after submit sees the runner
     if proc.poll() is not None and read_state(run_dir) is None:
-        from ..errors import LingjunError
+        from ..common.errors import LingjunError
 
         tail = Path(run_dir, "local-runner.log").read_text(errors="replace")[-2000:]
         raise LingjunError(f"the local runner exited at once (status {proc.returncode}):\n{tail}")
@@ -612,7 +612,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if len(args) != 1:
         print("usage: python3 -m lingjun_slurm.executors.local RUN_DIR", file=sys.stderr)
         return 2
-    from ..errors import LingjunError
+    from ..common.errors import LingjunError
 
     try:
         return LocalRunner(args[0], echo=lambda line: print(line, flush=True)).run()

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from ..errors import LingjunError
+from ..common.errors import LingjunError
 
 STATE_FILE = "local-state.json"
 STATE_SCHEMA = 1

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from ..holderlock import HolderLock, JobAlive, this_host
+from ..common.holderlock import HolderLock, JobAlive, this_host
 
 SQUASHFS_MAGIC = b"hsqs"  # the superblock's s_magic 0x73717368, little-endian (squashfs-tools, squashfs_fs.h)
 DIGEST_RE = re.compile(r"^sha256:([0-9a-f]{64})$")

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Mapping
 
 # The reference parser lives in reference.py (no HTTP imports, for the spec's lint); re-exported here.
-from .reference import _R_DIGEST, DOCKER_HUB, ImageRef, parse_image_ref  # noqa: F401
+from .reference import DOCKER_HUB, ImageRef, parse_image_ref
 
 __all__ = [
     "ACCEPT_MANIFEST",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..shell import Shell, Word
+from ..common.shell import Shell, Word
 from ..spec.models import Spec, Tokenizer
 from ..spec.resolve import builtin_resources, checkpoint_dir, data_prefix, resolve_model
 from .versions import Version, has_flag, null_vocab_arg, parse_version, tokenizer_problem

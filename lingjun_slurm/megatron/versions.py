@@ -31,7 +31,7 @@ HF_SPECIAL_TOKENS_DEFAULT = (0, 17, 0)
 NULL_VOCAB_HOLDS_EOD = (0, 18, 0)
 
 # Checkpoints: what a megatron-core older than the writer cannot read (docs/megatron-versions.md,
-# "A checkpoint of a newer megatron-core"; lingjun_slurm/checkpoint/verify.py version_mismatch).
+# "A checkpoint of a newer megatron-core"; lingjun_slurm/injob/checkpoint/verify.py version_mismatch).
 # megatron-core records no version of its own in a checkpoint (metadata.json is CheckpointingConfig:
 # sharded_backend, sharded_backend_version and, up to 0.18, common_backend[_version];
 # dist_checkpointing/core.py at core_v0.16.1 and core_v0.19.0), so the version is read from evidence.

@@ -2,7 +2,7 @@
 
 Pure: the plan (lingjun_slurm.plan.build_plan) and the spec's `planning` section in, numbers out;
 no torch. The model as the trainer will build it comes from the same resolution the train stage
-runs (lingjun_slurm.train.settings.from_plan), so presets, defaults and derived sizes are the
+runs (lingjun_slurm.injob.train.settings.from_plan), so presets, defaults and derived sizes are the
 trainer's own. Memory: planner/memory.py. FLOPs: Megatron-LM's num_floating_point_operations
 (train/metrics.py flops_per_sample, what the trainer's MFU uses).
 
@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
-from ..bytesfmt import human_bytes
+from ..common.bytesfmt import human_bytes
 from ..gpus import GPU, GPUS, PROFILE_GPUS
 from .memory import Breakdown, Layout, PlanError, Recompute, Shape, estimate
 
@@ -131,7 +131,7 @@ def _vocab(settings: Any, planning: Any, read_tokenizer: bool) -> tuple[Optional
                 "data.tokenizer.vocab_size + 1 (the null tokenizer's eod, as Megatron-LM's _NullTokenizer)")
     if not read_tokenizer:
         return None, "the tokenizer's files are not read by validate and submit"
-    from ..data.tokenizer import TokenizerSpec, build
+    from ..injob.data.tokenizer import TokenizerSpec, build
 
     try:
         tok = build(TokenizerSpec.from_settings(tok_settings), need_eod=False)
@@ -142,8 +142,8 @@ def _vocab(settings: Any, planning: Any, read_tokenizer: bool) -> tuple[Optional
 
 def inputs(plan: Any, planning: Any, read_tokenizer: bool = True) -> Inputs:
     """The estimate's inputs from a Plan (build_plan) and the spec's PlanningSpec."""
-    from ..train.model import padded_vocab_size
-    from ..train.settings import from_plan
+    from ..injob.train.model import padded_vocab_size
+    from ..injob.train.settings import from_plan
 
     train = next((st for st in plan.stages if st.kind == "train"), None)
     if train is None:
@@ -321,7 +321,7 @@ def _layouts(i: Inputs) -> list[tuple[int, int]]:
 def _relayout(i: Inputs, tp: int, pp: int) -> Optional[tuple[Shape, Layout]]:
     """The shape (the vocabulary padded for the new TP) and layout on the same GPUs, or None when
     the sizes do not divide. Sequence parallel goes with TP > 1 (it only lowers memory there)."""
-    from ..train.model import padded_vocab_size
+    from ..injob.train.model import padded_vocab_size
 
     mp = tp * pp * i.layout.context
     if i.world_size % mp:
@@ -343,7 +343,7 @@ def _advice(rc: Recompute, layout: Layout, got: Breakdown, reason: str) -> dict[
 
 def make(plan: Any, planning: Any, read_tokenizer: bool = True) -> Estimate:
     """The estimate for a Plan and the spec's planning section (PlanError: a layout that cannot work)."""
-    from ..train.metrics import flops_per_sample
+    from ..injob.train.metrics import flops_per_sample
 
     i = inputs(plan, planning, read_tokenizer)
     got = _memory(i, i.recompute)

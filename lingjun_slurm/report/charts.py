@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..errors import UsageError
+from ..common.errors import UsageError
 
 INSTALL_HINT = "the report needs matplotlib: pip install 'lingjun-slurm[plot]'"
 STATE_COLORS = {"COMPLETED": "tab:green", "RUNNING": "tab:blue", "FAILED": "tab:red", "TIMEOUT": "tab:red",

@@ -106,8 +106,8 @@ def checkpoints(ckpt_dir: Optional[str], here: bool = True) -> dict[str, Any]:
     the tracker's iteration. here=False (a remote run), or no such directory: {"dir", "readable": false}."""
     if not here or not ckpt_dir or not os.path.isdir(ckpt_dir):
         return {"dir": ckpt_dir, "readable": False, "tracker": None, "iterations": []}
-    from ..checkpoint import read_tracker
-    from ..checkpoint.layout import dir_size, iterations
+    from ..injob.checkpoint import read_tracker
+    from ..injob.checkpoint.layout import dir_size, iterations
 
     tracker = read_tracker(Path(ckpt_dir))
     items = []
@@ -127,7 +127,7 @@ NCCL_DIR = "nccl-tests"  # <run_dir>/nccl-tests/<name>/: `lingjun-slurm nccl-tes
 
 def nccl_tests(t: Any, run_dir: str) -> list[dict[str, Any]]:
     """The nccl-test reports attached to the run: <run_dir>/nccl-tests/*/report.json (schema 2,
-    lingjun_slurm/nccltests/report.py to_json), each summarised per op: ranks, hosts, average
+    lingjun_slurm/nodes/nccltests/report.py to_json), each summarised per op: ranks, hosts, average
     and peak bus bandwidth (out-of-place, GB/s), the verdict and its reason."""
     try:
         names = sorted(t.listdir(f"{run_dir}/{NCCL_DIR}"))

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..bytesfmt import human_bytes
+from ..common.bytesfmt import human_bytes
 
 CAPTIONS = {"loss.png": "Training and validation loss", "lr.png": "Learning rate",
             "throughput.png": "Throughput (and MFU on GPUs)", "memory.png": "GPU memory peak",

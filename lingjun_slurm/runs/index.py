@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
-from ..errors import RunNotFound, TransportError
+from ..common.errors import RunNotFound, TransportError
 from ..transport.local import LocalTransport
 from .statedir import state_dir
 
@@ -174,7 +174,7 @@ class RunIndex:
 
         With a target (--host) or cluster (--cluster), the runs on that host are searched
         first, then every run (the target then only overrides how the run is reached). A
-        remote run directory that no entry names is not looked up here (see cli_remote).
+        remote run directory that no entry names is not looked up here (see cli/remote.py).
         """
         everything = self.entries()
         if target or cluster:

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from ..errors import UsageError
+from ..common.errors import UsageError
 from ..transport.base import Transport
 from .manifest import Manifest, StageRecord
 

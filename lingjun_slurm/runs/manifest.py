@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Literal, Optional
 
-from ..errors import LingjunError, TransportError
+from ..common.errors import LingjunError, TransportError
 from ..transport.base import Transport
 
 MANIFEST_SCHEMA = 1

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Protocol
 
-from ..errors import LingjunError
+from ..common.errors import LingjunError
 from ..transport.local import LocalTransport
 from .statedir import state_dir
 

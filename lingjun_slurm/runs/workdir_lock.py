@@ -35,9 +35,9 @@ import posixpath
 import time
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
-from ..errors import TransportError, WorkdirBusy
-from ..holderlock import (SQUEUE_FILTER_VARS, Files, Holder, HolderLock, LocalFiles, Verdict, process_start,
-                          read_holder, slurm_jobs_alive, this_host)
+from ..common.errors import TransportError, WorkdirBusy
+from ..common.holderlock import (SQUEUE_FILTER_VARS, Files, Holder, HolderLock, LocalFiles, Verdict, process_start,
+                                 read_holder, slurm_jobs_alive, this_host)
 
 if TYPE_CHECKING:
     from ..transport.base import Transport

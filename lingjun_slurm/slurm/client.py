@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
 
-from ..errors import CommandError, SlurmUnavailable, UsageError
+from ..common.errors import CommandError, SlurmUnavailable, UsageError
 from ..transport.base import Transport
 from .parse import SACCT_FIELDS, JobInfo, SlurmParseError, parse_sacct_parsable, parse_squeue_json
 

@@ -24,7 +24,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..errors import UsageError
+from ..common.errors import UsageError
 from .reader import QueueReader
 
 if TYPE_CHECKING:

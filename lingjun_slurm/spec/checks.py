@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from .. import container as container_mod
 from .. import network
-from ..errors import Issue, UsageError
+from ..common.errors import Issue, UsageError
 from ..megatron import versions
 from ..presets import model_presets
 from .models import BUILTIN_STAGES, NAME_BYTES_MAX, PATH_BYTES_MAX, Spec, path_fits

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..errors import Issue, Loc, SpecError
+from ..common.errors import Issue, Loc, SpecError
 from . import models
 from .checks import check
 from .models import Spec

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import AfterValidator, ConfigDict, Field, StringConstraints, field_validator
 
-from ..timefmt import TIME_HELP, format_time, parse_time
+from ..common.timefmt import TIME_HELP, format_time, parse_time
 # The patterns and the Strict base live in base.py (clusters.py shares them); re-exported here.
 from .base import CONSTRAINT_RE, CPU_BIND_RE, ENV_NAME_RE, NAME_RE, SAFE_PATH_RE, SLURM_WORD_RE, Strict  # noqa: F401
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..presets import model_presets
-from ..timefmt import parse_time
+from ..common.timefmt import parse_time
 from .models import BUILTIN_STAGES, CommandStage, Resources, Spec
 
 ARCH_FIELDS = [name for name in (

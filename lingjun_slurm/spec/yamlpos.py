@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from ..errors import Issue, Loc
+from ..common.errors import Issue, Loc
 
 # Specs are a few KB; clusters.yaml too. Parsing a MiB of dense YAML already takes seconds.
 MAX_BYTES = 1 << 20

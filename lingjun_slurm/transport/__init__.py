@@ -20,7 +20,7 @@ def open_transport(kind: str, host: str = "", **options: Any) -> Transport:
     ([USER@]HOST[:PORT] or an ssh_config alias) with SSHTransport's keyword options
     (accept_new_host_key, ssh_config, known_hosts, connect_timeout, keepalive_s,
     command_timeout). The local transport takes no options and ignores them."""
-    from ..errors import UsageError
+    from ..common.errors import UsageError
 
     if kind == "local":
         return LocalTransport()

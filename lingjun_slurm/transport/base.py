@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Optional, Sequence
 
-from ..errors import CommandError
+from ..common.errors import CommandError
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional
 
-from ..errors import TransportError
+from ..common.errors import TransportError
 
 
 @dataclass(frozen=True)

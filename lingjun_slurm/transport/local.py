@@ -12,7 +12,7 @@ import time
 from contextlib import contextmanager
 from typing import Iterator, Mapping, Optional
 
-from ..errors import TransportError
+from ..common.errors import TransportError
 from .base import Transport
 
 

@@ -66,7 +66,7 @@ from typing import IO, Callable, Iterator, Mapping, Optional
 
 import paramiko
 
-from ..errors import TransportError
+from ..common.errors import TransportError
 from . import sshcommands, sshfiles
 from .base import Transport
 from .sshconfig import Endpoint, SSHConfigFile, expand_path

@@ -34,7 +34,7 @@ from typing import Callable, Mapping, Optional
 
 import paramiko
 
-from ..errors import UsageError
+from ..common.errors import UsageError
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 REMOTE_KILL_GRACE_S = 5  # timeout -k: SIGKILL this long after SIGTERM

@@ -39,7 +39,7 @@ from typing import Any, Mapping, Optional
 
 import paramiko
 
-from ..errors import UsageError
+from ..common.errors import UsageError
 from . import knownhosts
 from .target import format_hostport, parse_target
 

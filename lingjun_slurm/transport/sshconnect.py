@@ -53,7 +53,7 @@ from typing import Optional
 import paramiko
 import paramiko.agent
 
-from ..errors import AuthFailed, HostKeyError, HostUnreachable, TransportError
+from ..common.errors import AuthFailed, HostKeyError, HostUnreachable, TransportError
 from . import knownhosts
 from .sshconfig import Endpoint, expand_path
 

@@ -13,7 +13,7 @@ from typing import IO, Optional
 
 import paramiko
 
-from ..errors import TransportError
+from ..common.errors import TransportError
 
 GET_WINDOW = 2 << 20  # get(): bytes requested at once (64 pipelined SFTP reads)
 

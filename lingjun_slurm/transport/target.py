@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from ..errors import UsageError
+from ..common.errors import UsageError
 
 # Host names, IPv4 addresses and ssh_config aliases; IPv6 addresses go in brackets: [::1]:2222.
 _HOST_RE = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9._-]*[A-Za-z0-9_])?$|^[A-Za-z0-9_]$")

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from lingjun_slurm.cli_checkpoint import checkpoint
-from lingjun_slurm.errors import LingjunError
+from lingjun_slurm.cli.checkpoint import checkpoint
+from lingjun_slurm.common.errors import LingjunError
 
 from .helpers import TRACKER, flip_byte
 
@@ -33,7 +33,7 @@ def test_list_text_and_json(ckpt: Path) -> None:
     assert code == 0
     lines = out.splitlines()
     assert lines[0] == f"{ckpt}  tracker: iter_0000030"
-    from lingjun_slurm.checkpoint.layout import dir_size, human_size
+    from lingjun_slurm.injob.checkpoint.layout import dir_size, human_size
 
     size = human_size(dir_size(ckpt / "iter_0000010")[1])
     assert lines[1].split() == ["ITERATION", "STATE", "CHECK", "SIZE"]
@@ -75,7 +75,7 @@ def test_verify_and_copy_json(ckpt: Path, tmp_path: Path) -> None:
 
 SCRIPT = """
 import contextlib, io, json, sys
-from lingjun_slurm.cli_checkpoint import main
+from lingjun_slurm.cli.checkpoint import main
 results = []
 for args in json.loads(sys.argv[1]):
     out, err = io.StringIO(), io.StringIO()

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from lingjun_slurm.checkpoint import CheckpointDamaged, CheckpointUsageError, copy_checkpoint, verify
-from lingjun_slurm.checkpoint.layout import MANIFEST
+from lingjun_slurm.injob.checkpoint import CheckpointDamaged, CheckpointUsageError, copy_checkpoint, verify
+from lingjun_slurm.injob.checkpoint.layout import MANIFEST
 
 from .helpers import TRACKER, flip_byte
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from lingjun_slurm.checkpoint import CheckpointError, pin, plan_prune, prune, scan, unpin
-from lingjun_slurm.checkpoint.layout import PIN
+from lingjun_slurm.injob.checkpoint import CheckpointError, pin, plan_prune, prune, scan, unpin
+from lingjun_slurm.injob.checkpoint.layout import PIN
 
 from .helpers import TRACKER
 
@@ -70,8 +70,8 @@ def test_incomplete_saves_do_not_count_and_are_deleted(ckpt: Path) -> None:
 def test_a_checkpoint_whose_hash_check_failed_is_kept_and_not_counted(ckpt: Path) -> None:
     """Damage is evidence (the trainer renames it aside, never deletes it): prune keeps it too,
     and it does not count among the newest complete ones."""
-    from lingjun_slurm.checkpoint import manifest as mf
-    from lingjun_slurm.checkpoint.layout import write_verified
+    from lingjun_slurm.injob.checkpoint import manifest as mf
+    from lingjun_slurm.injob.checkpoint.layout import write_verified
 
     mf.write(ckpt / "iter_0000020", 20)
     write_verified(ckpt / "iter_0000020", 20, False, ["hash mismatch in __0_0.distcp"], "test")

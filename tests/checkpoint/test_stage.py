@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from lingjun_slurm.checkpoint.layout import MANIFEST
-from lingjun_slurm.stages.checkpoint import main
+from lingjun_slurm.injob.checkpoint.layout import MANIFEST
+from lingjun_slurm.injob.stages.checkpoint import main
 
 from .helpers import TRACKER, truncate
 

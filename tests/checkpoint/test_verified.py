@@ -10,8 +10,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from lingjun_slurm.checkpoint.layout import VERIFIED, check_of, write_verified
-from lingjun_slurm.cli_checkpoint import checkpoint
+from lingjun_slurm.injob.checkpoint.layout import VERIFIED, check_of, write_verified
+from lingjun_slurm.cli.checkpoint import checkpoint
 
 from .helpers import flip_byte, truncate
 
@@ -81,6 +81,6 @@ def test_a_record_for_another_iteration_or_unreadable_is_ignored(ckpt: Path) -> 
     write_verified(it10, 10, True, [], "test")
     assert check_of(it10, 10).verdict == "verified"
     # the record is the tool's own file: not hashed, not in a manifest, not copied
-    from lingjun_slurm.checkpoint.manifest import checkpoint_files
+    from lingjun_slurm.injob.checkpoint.manifest import checkpoint_files
 
     assert VERIFIED not in checkpoint_files(it10)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-v = importlib.import_module("lingjun_slurm.checkpoint.verify")  # the package exports a function of that name
+v = importlib.import_module("lingjun_slurm.injob.checkpoint.verify")  # the package exports a function of that name
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "megatron" / "checkpoints"
@@ -159,7 +159,7 @@ def _real_load_error(weights_only: bool) -> BaseException:
 
 @pytest.mark.parametrize("weights_only", [True, False])
 def test_a_load_that_fails_on_a_missing_class_is_a_version_error(weights_only: bool, running: tuple[int, ...]) -> None:
-    from lingjun_slurm.train.ckpt import CheckpointReadError, CheckpointVersionError, _load_failed
+    from lingjun_slurm.injob.train.ckpt import CheckpointReadError, CheckpointVersionError, _load_failed
 
     exc = _real_load_error(weights_only)
     err = _load_failed("/c/iter_0000003", 3, exc)
@@ -172,7 +172,7 @@ def test_a_load_that_fails_on_a_missing_class_is_a_version_error(weights_only: b
 def test_a_load_that_fails_on_damage_is_still_a_read_error(tmp_path: Path) -> None:
     import torch
 
-    from lingjun_slurm.train.ckpt import CheckpointReadError, CheckpointVersionError, _load_failed
+    from lingjun_slurm.injob.train.ckpt import CheckpointReadError, CheckpointVersionError, _load_failed
 
     it = _copy("core_v0.16.1", tmp_path)
     common = it / "common.pt"
@@ -219,8 +219,8 @@ def test_a_changed_metadata_json_with_a_manifest_is_damage_not_a_newer_version(
     """A same-size edit of metadata.json reads like a newer format (an unknown field, a newer backend
     version), but the manifest's hash says the file changed after the save: damage, so the resume
     falls back instead of stopping with "intact, written by a newer megatron-core"."""
-    from lingjun_slurm.checkpoint import manifest as mf
-    from lingjun_slurm.train import resume
+    from lingjun_slurm.injob.checkpoint import manifest as mf
+    from lingjun_slurm.injob.train import resume
 
     src = _iter_dir("core_v0.16.1", "single")
     ckpt = tmp_path / "ckpt"

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from lingjun_slurm.holderlock import read_holder
+from lingjun_slurm.common.holderlock import read_holder
 from tests.integration.helpers import all_ended, cli, submitted_run_id, wait_for
 from tests.integration.test_locks_local import ckpt_spec, waiting
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from lingjun_slurm.cli_devcluster import dev_cluster
+from lingjun_slurm.cli.devcluster import dev_cluster
 from lingjun_slurm.devcluster import DevCluster, DevClusterConfig, DevClusterError, cgroup_problem
 from tests.cluster.fixtures import (EXTRA_NODES, GPUS_PER_NODE, HEALTH_NODE, HEALTH_PARTITION, NODES, free_cluster,
                                     require_slurm, slurm, submit, wait_job)

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from lingjun_slurm.errors import SlurmUnavailable
+from lingjun_slurm.common.errors import SlurmUnavailable
 from lingjun_slurm.slurm.client import SlurmCLI
 from lingjun_slurm.transport.local import LocalTransport
 from tests.integration.helpers import all_ended, chain_spec, cli, status, submitted_run_id, wait_for

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from lingjun_slurm.errors import WorkdirBusy
-from lingjun_slurm.holderlock import Holder, read_holder, slurm_jobs_alive
+from lingjun_slurm.common.errors import WorkdirBusy
+from lingjun_slurm.common.holderlock import Holder, read_holder, slurm_jobs_alive
 from lingjun_slurm.runs.workdir_lock import WorkdirLock, squeue_on
 from lingjun_slurm.transport.local import LocalTransport
 from tests.cluster.test_slurm_down import dead_conf

@@ -40,7 +40,7 @@ def make_plan(out: Path, tokenizer: dict[str, Any], keys: list[str], inputs: lis
 
 
 def run_all(plan: dict[str, Any]) -> None:
-    from lingjun_slurm.stages import merge, preprocess
+    from lingjun_slurm.injob.stages import merge, preprocess
 
     for shard in range(plan["settings"]["data"]["shards"]):
         assert preprocess.main(plan, shard) == 0

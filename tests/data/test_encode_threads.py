@@ -1,4 +1,4 @@
-"""The in-process encode pipeline (lingjun_slurm/data/encode.py, _threaded): chunks are encoded side by
+"""The in-process encode pipeline (lingjun_slurm/injob/data/encode.py, _threaded): chunks are encoded side by
 side where the tokenizer releases the GIL, results come back in input order whatever order the
 batches finish in, an error names its own line, and the bytes equal the one-after-another path's.
 No timing: concurrency is shown with a barrier that only opens when two batches are inside the
@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lingjun_slurm.data import DataError, encode
-from lingjun_slurm.data.encode import EncodeSettings, encode_stream
-from lingjun_slurm.data.inputs import read_chunks
-from lingjun_slurm.data.tokenizer import Tokenizer, TokenizerSpec, build
+from lingjun_slurm.injob.data import DataError, encode
+from lingjun_slurm.injob.data.encode import EncodeSettings, encode_stream
+from lingjun_slurm.injob.data.inputs import read_chunks
+from lingjun_slurm.injob.data.tokenizer import Tokenizer, TokenizerSpec, build
 
 from .helpers import TOKENIZERS
 
@@ -107,7 +107,7 @@ def test_native_tokenizers_pipeline_and_match_the_serial_path(name: str, tmp_pat
     path.write_bytes(b"".join(_lines(*texts)))
     settings = EncodeSettings(("text",), True, spec)
 
-    from lingjun_slurm.data.inputs import assign, resolve_inputs
+    from lingjun_slurm.injob.data.inputs import assign, resolve_inputs
 
     pieces = assign(resolve_inputs([str(path)]), 1)[0]
 
@@ -124,7 +124,7 @@ def test_native_tokenizers_pipeline_and_match_the_serial_path(name: str, tmp_pat
 
 
 def test_an_error_in_a_later_chunk_names_its_line(tmp_path: Path) -> None:
-    from lingjun_slurm.data.shard import DataSettings, run_shard
+    from lingjun_slurm.injob.data.shard import DataSettings, run_shard
 
     path = tmp_path / "in.jsonl"
     good = _lines(*[f"text {i}" for i in range(40)])
@@ -134,7 +134,7 @@ def test_an_error_in_a_later_chunk_names_its_line(tmp_path: Path) -> None:
                       output_prefix=str(tmp_path / "out"), shard_dir=str(tmp_path / "shards"))
     import io
 
-    import lingjun_slurm.data.shard as shard
+    import lingjun_slurm.injob.data.shard as shard
 
     old = shard.CHUNK_LINES
     shard.CHUNK_LINES = 4  # ten chunks, three in flight when line 34's chunk fails
@@ -147,7 +147,7 @@ def test_an_error_in_a_later_chunk_names_its_line(tmp_path: Path) -> None:
 
 
 def test_workers_unset_are_chosen_from_the_cpus_and_the_tokenizer(tmp_path: Path) -> None:
-    from lingjun_slurm.data.encode import NATIVE_CPUS_PER_WORKER, auto_workers
+    from lingjun_slurm.injob.data.encode import NATIVE_CPUS_PER_WORKER, auto_workers
 
     native = build(TokenizerSpec.from_settings(TOKENIZERS["hf"]), need_eod=True)
     python = build(TokenizerSpec(type="null", vocab_size=100), need_eod=True)
@@ -157,7 +157,7 @@ def test_workers_unset_are_chosen_from_the_cpus_and_the_tokenizer(tmp_path: Path
 
     import io
 
-    from lingjun_slurm.data.shard import DataSettings, run_shard
+    from lingjun_slurm.injob.data.shard import DataSettings, run_shard
 
     path = tmp_path / "in.jsonl"
     path.write_bytes(b"".join(_lines("a b", "c")))
@@ -204,7 +204,7 @@ def test_a_slow_oldest_chunk_does_not_stop_the_others() -> None:
 
 
 def test_task_cpus_honours_slurm_cpus_per_task(monkeypatch: pytest.MonkeyPatch) -> None:
-    from lingjun_slurm.data.encode import MAX_AUTO_WORKERS, auto_workers, task_cpus
+    from lingjun_slurm.injob.data.encode import MAX_AUTO_WORKERS, auto_workers, task_cpus
 
     monkeypatch.setattr(encode.os, "sched_getaffinity", lambda pid: set(range(64)))
     monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
@@ -262,7 +262,7 @@ def test_worker_processes_take_groups_and_match_one_process(name: str, tmp_path:
     path = tmp_path / "in.jsonl"
     path.write_bytes(b"".join(_lines(*texts)))
     settings = EncodeSettings(("text",), True, spec)
-    from lingjun_slurm.data.inputs import assign, resolve_inputs
+    from lingjun_slurm.injob.data.inputs import assign, resolve_inputs
 
     pieces = assign(resolve_inputs([str(path)]), 1)[0]
     one = [r.docs["text"].tokens.tolist() for _, r in encode_stream(read_chunks(pieces, 5, 1 << 20), settings, tok, 1)]

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from lingjun_slurm.data import gpt2_bpe
-from lingjun_slurm.data.tokenizer import TokenizerSpec, build
+from lingjun_slurm.injob.data import gpt2_bpe
+from lingjun_slurm.injob.data.tokenizer import TokenizerSpec, build
 from tests.data.gpt2_reference import ReferenceGPT2, pattern
 from tests.data.helpers import TOKENIZERS, TOKS
 

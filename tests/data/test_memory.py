@@ -18,7 +18,7 @@ SCRIPT = textwrap.dedent("""
     import json, sys, threading, time
     from pathlib import Path
     import psutil
-    from lingjun_slurm.stages import preprocess
+    from lingjun_slurm.injob.stages import preprocess
     from tests.data.helpers import make_plan
 
     tmp = Path(sys.argv[1])

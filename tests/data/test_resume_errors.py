@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lingjun_slurm.stages import merge, preprocess
+from lingjun_slurm.injob.stages import merge, preprocess
 from tests.data.helpers import TOKENIZERS, make_plan
 
 NULL = TOKENIZERS["null"]
@@ -173,7 +173,7 @@ def test_progress_lines_without_a_terminal(tmp_path: Path, capsys: pytest.Captur
 def test_rich_progress_on_a_terminal() -> None:
     import io
 
-    from lingjun_slurm.data.progress import Progress
+    from lingjun_slurm.injob.data.progress import Progress
 
     class Tty(io.StringIO):
         def isatty(self) -> bool:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lingjun_slurm.data.inputs import InputFile, Piece, assign, read_chunks, resolve_inputs
+from lingjun_slurm.injob.data.inputs import InputFile, Piece, assign, read_chunks, resolve_inputs
 from tests.data.helpers import TOKENIZERS, corpus_rows, make_plan, run_all
 
 

@@ -19,7 +19,7 @@ HEAVY = ("torch", "megatron", "transformers", "triton")
 
 PROBE = """
 import json, sys
-from lingjun_slurm.stages.__main__ import main
+from lingjun_slurm.injob.stages.dispatch import main
 code = main(sys.argv[1:])
 print("PROBE " + json.dumps({"code": code, "modules": sorted(sys.modules)}))
 """
@@ -53,7 +53,7 @@ def test_preprocess_and_merge_import_neither_torch_nor_megatron(name: str, tmp_p
 
 
 def test_the_data_stages_need_neither_torch_nor_megatron_core() -> None:
-    from lingjun_slurm.stages import runtime
+    from lingjun_slurm.injob.stages import runtime
 
     for stage in ("preprocess", "merge"):
         assert set(runtime.REQUIREMENTS[stage]) == {"numpy"}, stage

@@ -8,7 +8,7 @@ import math
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from lingjun_slurm.data.synthetic import documents, main, write_corpus
+from lingjun_slurm.injob.data.synthetic import documents, main, write_corpus
 
 
 def test_same_seed_same_bytes_and_reruns_change_nothing(tmp_path: Path) -> None:

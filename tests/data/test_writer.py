@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lingjun_slurm.data import DataError
-from lingjun_slurm.data.encode import KeyDocs
-from lingjun_slurm.data.writer import DatasetWriter, merge, optimal_dtype, read_index
+from lingjun_slurm.injob.data import DataError
+from lingjun_slurm.injob.data.encode import KeyDocs
+from lingjun_slurm.injob.data.writer import DatasetWriter, merge, optimal_dtype, read_index
 
 
 def builder_module():

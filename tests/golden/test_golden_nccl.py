@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from lingjun_slurm.cli import main
+from lingjun_slurm.cli.main import main
 from tests.conftest import GOLDEN, normalize
 
 EXPECTED = GOLDEN / "expected"

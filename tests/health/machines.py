@@ -40,7 +40,8 @@ from calendar import timegm
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from lingjun_slurm import health, network
+from lingjun_slurm.nodes import health
+from lingjun_slurm import network
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "health"

@@ -6,7 +6,7 @@ check and crash attribution.
   8x A100 of huggingface/m4-logs (driver 525.60.13: "SRAM Uncorrectable") and gpud's 8x H100
   (driver 535.161.08: "SRAM Uncorrectable Parity"/"SEC-DED"), one counter edited per case
   (tests/fixtures/health/SOURCES.md).
-- XIDs 63, 92, 94 judged the same by lingjun-health and lingjun_slurm/crashlog.py for an Azure SKU
+- XIDs 63, 92, 94 judged the same by lingjun-health and lingjun_slurm/injob/host/crashlog.py for an Azure SKU
   and a non-Azure one: a real XID 63 line (m4-logs), XID 92 derived from it, XID 94 in the
   driver's own documented format.
 - Azure's window (whole hours) and report-once (azure_gpu_xid.nhc lines 35-49), and the node
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from lingjun_slurm import crashlog
+from lingjun_slurm.injob.host import crashlog
 from tests.health.machines import REAL, Node, azure_nd_a100_v4, azure_nd_h200_v5, epoch, lines, roce_a100
 
 A100_M4 = REAL / "nvidia-smi-q" / "m4-logs-525.60.13-a100x8.txt"
@@ -199,7 +199,7 @@ def test_a_malformed_xid_table_is_refused_with_its_line(tmp_path: Path) -> None:
     node = Node(tmp_path, azure_nd_h200_v5())
     folder = tmp_path / "thr"
     folder.mkdir()
-    from lingjun_slurm import health
+    from lingjun_slurm.nodes import health
     for name, text in health.threshold_texts().items():
         (folder / name).write_text(text)
     (folder / "xid.tsv").write_text("POLICY\tnvidia\tactions\telapsed\tevery-run\n79 RESTART_BM fatal lost\n")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from lingjun_slurm import health
+from lingjun_slurm.nodes import health
 from tests.health.machines import (REPO, Node, azure_nd_h200_v5, is_executable, lines, q_set, roce_a100,
                                    statuses)
 
@@ -39,7 +39,7 @@ def first_failure(proc: subprocess.CompletedProcess[str]) -> str:
 
 
 def test_program_is_shellcheck_clean_at_style_severity(shellcheck: str) -> None:
-    program = REPO / "lingjun_slurm" / "health" / health.PROGRAM
+    program = REPO / "lingjun_slurm" / "nodes" / "health" / health.PROGRAM
     proc = subprocess.run([shellcheck, "--severity=style", "--shell=bash", str(program)], capture_output=True,
                           text=True)
     assert proc.returncode == 0, proc.stdout
@@ -490,7 +490,7 @@ def test_root_from_environment(ib: Node) -> None:
     assert proc.returncode == 0
     full = ib.base_env()
     full.update(env)
-    proc = subprocess.run(["bash", str(REPO / "lingjun_slurm/health/lingjun-health"), "--no-drain", "--node", "n1"],
+    proc = subprocess.run(["bash", str(REPO / "lingjun_slurm/nodes/health/lingjun-health"), "--no-drain", "--node", "n1"],
                           capture_output=True, text=True, env=full)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -505,7 +505,7 @@ def test_xid_from_dmesg_without_root(ib: Node, tmp_path: Path) -> None:
     config.write_text(f"SKU=Standard_ND96isr_H200_v5\nIB_PORTS=\nIB_PORT_COUNT=0\nNCCL_CONF={tmp_path}/none\n"
                       f"ENROOT_CONF={tmp_path}/none\nSTATE_DIR={tmp_path}/state\nPEERMEM=no\n")
     env = ib.base_env()
-    argv = ["bash", str(REPO / "lingjun_slurm/health/lingjun-health"), "--config", str(config), "--no-drain"]
+    argv = ["bash", str(REPO / "lingjun_slurm/nodes/health/lingjun-health"), "--config", str(config), "--no-drain"]
     proc = subprocess.run(argv, capture_output=True, text=True, env=env)
     assert proc.returncode == 0 and "OK gpu-xid no XIDs in the kernel log within 2 h" in lines(proc), \
         proc.stdout + proc.stderr

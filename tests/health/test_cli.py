@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from lingjun_slurm.cli import cli
-from lingjun_slurm.cli_health import health_argv
+from lingjun_slurm.cli.main import cli
+from lingjun_slurm.cli.health import health_argv
 from tests.health.machines import Node, azure_nd_h200_v5
 
 
@@ -47,7 +47,7 @@ def test_healthy_json_and_exit_codes(node: Node) -> None:
 
 
 def test_through_the_console_entry_point_without_torch(node: Node) -> None:
-    code = ("import sys; from lingjun_slurm.cli import main\n"
+    code = ("import sys; from lingjun_slurm.cli.main import main\n"
             "try:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
             "    heavy = [m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron', 'numpy')]\n"
             "    print('HEAVY', heavy, file=sys.stderr); raise\n")

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from lingjun_slurm import health, network
+from lingjun_slurm.nodes import health
+from lingjun_slurm import network
 from tests.health.machines import REPO, Node, azure_nd_h200_v5
 
 PROGRAM_TEXT = health.program_text()

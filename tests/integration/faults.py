@@ -3,7 +3,7 @@ and bench/faults.py: a training spec that recovers, the ranks of a running train
 faults themselves (a rank killed or stopped, a node lost, a byte flipped in a checkpoint).
 
 Every node of the test cluster is a slurmd on this machine (lingjun_slurm/devcluster.py); a rank
-is found by the stack file it opens at start (lingjun_slurm/stacks.py: <node>-rank<R>-pid<P>.txt
+is found by the stack file it opens at start (lingjun_slurm/injob/stacks.py: <node>-rank<R>-pid<P>.txt
 under <run_dir>/stacks/<job>-<restart>/), so a fault hits exactly one rank of one node.
 """
 

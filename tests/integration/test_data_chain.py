@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
+from lingjun_slurm import __version__
+
 from .helpers import all_ended, cli, submitted_run_id, wait_for
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "data"
@@ -53,9 +55,9 @@ def test_preprocess_array_and_merge_on_slurm(tmp_path: Path, slurm_cluster: Any)
     assert "shard 1" in log.lower() or "shard_00001" in log
     # The code the jobs ran is the wheel shipped into the run directory at submit.
     run_dir = tmp_path / "work" / "runs" / run_id
-    assert f"lingjun_slurm 0.1.0 from {run_dir}/site/lingjun_slurm" in log
+    assert f"lingjun_slurm {__version__} from {run_dir}/site/lingjun_slurm" in log
     manifest = __import__("json").loads((run_dir / "manifest.json").read_text())
-    assert manifest["shipped"] == ["lingjun_slurm-0.1.0-py3-none-any.whl"]
+    assert manifest["shipped"] == [f"lingjun_slurm-{__version__}-py3-none-any.whl"]
 
 
 def test_preprocess_and_merge_with_the_local_executor(tmp_path: Path) -> None:

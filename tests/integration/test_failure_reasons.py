@@ -1,7 +1,7 @@
 """Issue 26 item 6: every failure says why, in `status`. The real stages fail through the local
 executor and `status --json` shows the cause in the stage's REASON, not "NonZeroExitCode":
 a preprocess input glob that matches no file, a tokenizer file that is gone, and the hang
-watchdog's kill of a stopped training rank (lingjun_slurm/stagenotes.py, docs/status-reasons.md)."""
+watchdog's kill of a stopped training rank (lingjun_slurm/injob/host/stagenotes.py, docs/status-reasons.md)."""
 
 from __future__ import annotations
 

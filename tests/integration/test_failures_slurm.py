@@ -1,5 +1,5 @@
 """Failures that go through the real srun of the test cluster (Slurm 22.05, `--kill-on-bad-exit=1`),
-and whether the train job is requeued: decided from what the tasks did (lingjun_slurm/retry.py),
+and whether the train job is requeued: decided from what the tasks did (lingjun_slurm/injob/host/retry.py),
 not from srun's exit code, which a signalled task wins (137/143 for one rank's `exit 1`).
 
 Megatron-LM cannot be installed here: `pretrain_gpt.py` is a stand-in that each rank runs through

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from lingjun_slurm.holderlock import read_holder
+from lingjun_slurm.common.holderlock import read_holder
 from tests.integration.helpers import PY, chain_spec, cli, submitted_run_id, wait_for
 
 

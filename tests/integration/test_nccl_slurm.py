@@ -136,9 +136,9 @@ def test_bisect_polls_once_per_round_not_once_per_job(tmp_path: Path, env: dict[
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """In process, to count the Slurm commands: one squeue per poll, sbatch once per pair."""
     from lingjun_slurm import network
-    from lingjun_slurm.nccltests.bisect_run import run_bisection
-    from lingjun_slurm.nccltests.plan import NcclJob
-    from lingjun_slurm.nccltests.run import Waiter
+    from lingjun_slurm.nodes.nccltests.bisect_run import run_bisection
+    from lingjun_slurm.nodes.nccltests.plan import NcclJob
+    from lingjun_slurm.nodes.nccltests.run import Waiter
     from lingjun_slurm.slurm.client import SlurmCLI
     from lingjun_slurm.transport import LocalTransport
 

@@ -13,7 +13,7 @@ import yaml
 from lingjun_slurm.clusters import (ClustersFileError, cluster_defaults, get_cluster, parse_clusters,
                                     parse_spec_with_defaults)
 from lingjun_slurm.destination import destination
-from lingjun_slurm.errors import RunNotFound, SpecError, UsageError
+from lingjun_slurm.common.errors import RunNotFound, SpecError, UsageError
 from lingjun_slurm.runs.index import AmbiguousRun, RunIndex, entry_for
 from tests.integration.helpers import cli
 

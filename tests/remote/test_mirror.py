@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lingjun_slurm.cli_runs import _stale
+from lingjun_slurm.cli.runs import _stale
 from lingjun_slurm.runs import mirror
 from lingjun_slurm.runs.index import entry_for
 from lingjun_slurm.runs.manifest import Attempt, ClusterRecord, Manifest, SpecRecord, StageRecord, TransportRecord

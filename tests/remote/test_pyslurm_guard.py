@@ -228,7 +228,7 @@ def test_the_probe_must_have_imported_the_pyslurm_this_process_would(tmp_path: P
     bin_dir = fake_slurm_bin(tmp_path / "bin")
     launcher = tmp_path / "scripts" / "lingjun-slurm"  # as the console script runs: sys.path[0] is its directory
     launcher.parent.mkdir()
-    launcher.write_text("import sys\nfrom lingjun_slurm.cli import main\nsys.exit(main())\n")
+    launcher.write_text("import sys\nfrom lingjun_slurm.cli.main import main\nsys.exit(main())\n")
     full = {k: v for k, v in os.environ.items() if not k.startswith("LINGJUN")}
     full.update(env, PYTHONPATH=str(deadly), PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     proc = subprocess.run([sys.executable, str(launcher), "status", RUN, "--json", "--verbose"], cwd=cwd, env=full,

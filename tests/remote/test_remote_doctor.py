@@ -28,7 +28,7 @@ def test_doctor_over_ssh_one_connection(laptop: Laptop) -> None:  # noqa: F811
     assert verdict["ok"] and len(verdict["nodes"]) == 2, verdict
     assert laptop.local_slurm_calls() == ""  # sbatch and squeue ran over SSH
     (run_dir,) = (laptop.workdir / "runs").iterdir()
-    assert (run_dir / "site" / "lingjun_slurm" / "preflight" / "judge.py").is_file()
+    assert (run_dir / "site" / "lingjun_slurm" / "injob" / "preflight" / "judge.py").is_file()
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["transport"] == {"kind": "ssh", "host": "lingjun-test"}
     assert [s["kind"] for s in manifest["stages"]] == ["doctor"]

@@ -370,8 +370,8 @@ def test_shipped_code_reaches_the_remote_run_directory(laptop: Laptop) -> None:
 
     got, want = tree(run_dir / "site"), tree(reference / "site")
     assert got == want and len(got) > 50
-    assert (run_dir / "site" / "lingjun_slurm" / "cli.py").read_bytes() == (
-        reference / "site" / "lingjun_slurm" / "cli.py").read_bytes()
+    assert (run_dir / "site" / "lingjun_slurm" / "cli/main.py").read_bytes() == (
+        reference / "site" / "lingjun_slurm" / "cli/main.py").read_bytes()
     laptop.cli("cancel", run_id)
     laptop.wait(run_id, all_ended)
     laptop.assert_no_secrets()
@@ -410,8 +410,8 @@ def test_shipping_over_ssh_is_one_upload_and_one_command(laptop: Laptop, capsys:
         assert t.writes == [f"{one}/wheels/{wheel}"]
         assert "one by one" not in capsys.readouterr().err  # no fallback note
         assert tree(one) == want
-        assert (one / "site" / "lingjun_slurm" / "cli.py").read_bytes() == (
-            reference / "site" / "lingjun_slurm" / "cli.py").read_bytes()
+        assert (one / "site" / "lingjun_slurm" / "cli/main.py").read_bytes() == (
+            reference / "site" / "lingjun_slurm" / "cli/main.py").read_bytes()
 
         t.history.clear()
         t.writes.clear()

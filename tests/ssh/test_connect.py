@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 import pytest
 
-from lingjun_slurm.errors import (EXIT_AUTH, EXIT_HOSTKEY, EXIT_UNREACHABLE, AuthFailed, HostKeyError,
+from lingjun_slurm.common.errors import (EXIT_AUTH, EXIT_HOSTKEY, EXIT_UNREACHABLE, AuthFailed, HostKeyError,
                                   HostUnreachable, SSHError, TransportError, UsageError)
 from lingjun_slurm.transport import LocalTransport, open_transport, parse_target
 from lingjun_slurm.transport import knownhosts
@@ -393,7 +393,7 @@ def test_unreachable(ssh_server: SSHServer, monkeypatch: pytest.MonkeyPatch) -> 
 # --- through the CLI's error handling, in a fresh process --------------------------------------------
 PROBE = """
 import sys, click
-from lingjun_slurm.cli import _run
+from lingjun_slurm.cli.main import _run
 from lingjun_slurm.transport import open_transport
 
 @click.command()

@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from lingjun_slurm.errors import CommandError, TransportError, UsageError
+from lingjun_slurm.common.errors import CommandError, TransportError, UsageError
 from lingjun_slurm.transport import LocalTransport
 from tests.ssh.fixtures import SSHServer
 

@@ -118,14 +118,14 @@ def stage_env(**extra: str) -> dict[str, str]:
 
 def dispatcher_wired() -> bool:
     """Whether `python -m lingjun_slurm.stages train` reaches stages/train.py yet."""
-    return "train.main(" in (REPO / "lingjun_slurm" / "stages" / "__main__.py").read_text()
+    return "train.main(" in (REPO / "lingjun_slurm" / "injob" / "stages" / "dispatch.py").read_text()
 
 
 def stage_command(plan_path: Path, ntasks: int = 1) -> list[str]:
     """The command the rendered scripts run (`python3 -m lingjun_slurm.stages train --plan P`), behind
     the local launcher when ntasks > 1. Until the dispatcher calls stages/train.py, its twin
-    `python -m lingjun_slurm.stages.train --plan P` (same main, same __main__ guard)."""
-    entry = ["lingjun_slurm.stages", "train"] if dispatcher_wired() else ["lingjun_slurm.stages.train"]
+    `python -m lingjun_slurm.injob.stages.train --plan P` (same main, same __main__ guard)."""
+    entry = ["lingjun_slurm.stages", "train"] if dispatcher_wired() else ["lingjun_slurm.injob.stages.train"]
     cmd = [sys.executable, "-m", *entry, "--plan", str(plan_path)]
     if ntasks > 1:
         cmd = [sys.executable, "-m", "lingjun_slurm.executors.launch", "--ntasks", str(ntasks),

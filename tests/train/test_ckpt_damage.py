@@ -146,7 +146,7 @@ def test_the_damaged_directory_is_moved_aside_at_the_fallback(saved: Run, corpus
 
 
 def test_missing_torch_metadata_is_damage(saved: Run, tmp_path: Path) -> None:
-    from lingjun_slurm.train import resume
+    from lingjun_slurm.injob.train import resume
 
     ckpt = _copy(saved, tmp_path)
     assert resume.check(str(ckpt), 4) == []
@@ -160,7 +160,7 @@ def test_an_unreadable_shard_is_damage_not_a_crash(saved: Run, tmp_path: Path,
     """EIO/EACCES on a shard (a failing disk, a stale NFS handle; root, which runs CI, reads
     through any mode bits, so the error is injected at stat): a problem the resume falls back
     on, where only a missing file was one before and anything else ended the job."""
-    from lingjun_slurm.train import resume
+    from lingjun_slurm.injob.train import resume
 
     ckpt = _copy(saved, tmp_path)
     real_stat = Path.stat
@@ -228,7 +228,7 @@ def _bytes_item(iter_dir: Path, prefix: str) -> tuple[str, int, int]:
 def test_a_load_that_fails_to_read_falls_back(saved: Run, corpus: Path, tmp_path: Path) -> None:
     """Same sizes (the cheap check passes), a damaged pickle inside a shard: torch's reader fails in
     the load itself, and the resume goes on to the older checkpoint."""
-    from lingjun_slurm.train import resume
+    from lingjun_slurm.injob.train import resume
 
     ckpt = _copy(saved, tmp_path)
     rel, offset, length = _bytes_item(ckpt / "iter_0000004", "rng_state")
@@ -245,8 +245,8 @@ def test_a_load_that_fails_to_read_falls_back(saved: Run, corpus: Path, tmp_path
 
 
 def test_full_verification_catches_a_same_size_corruption(saved: Run, corpus: Path, tmp_path: Path) -> None:
-    from lingjun_slurm.checkpoint import manifest as mf
-    from lingjun_slurm.train import resume
+    from lingjun_slurm.injob.checkpoint import manifest as mf
+    from lingjun_slurm.injob.train import resume
 
     ckpt = _copy(saved, tmp_path)
     mf.write(ckpt / "iter_0000004", 4)  # as `lingjun-slurm checkpoint verify --write-manifest` does
@@ -313,8 +313,8 @@ exit $rc"""
 def test_no_space_names_the_quota(tmp_path: Path) -> None:
     """EDQUOT cannot be produced here (no quota-enabled filesystem): the errno the kernel gives
     for it is mapped to "disk quota exceeded on <mount>"."""
-    from lingjun_slurm.diskspace import mount_point
-    from lingjun_slurm.train.ckpt import _no_space
+    from lingjun_slurm.common.diskspace import mount_point
+    from lingjun_slurm.injob.train.ckpt import _no_space
 
     path = str(tmp_path / "iter_0000004")
     os.mkdir(path)

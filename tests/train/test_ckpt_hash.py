@@ -62,8 +62,8 @@ def _no_traceback(proc) -> None:
 
 
 def test_every_save_writes_a_manifest_of_every_file(reference: Run) -> None:
-    from lingjun_slurm.checkpoint import manifest as mf
-    from lingjun_slurm.checkpoint.verify import verify
+    from lingjun_slurm.injob.checkpoint import manifest as mf
+    from lingjun_slurm.injob.checkpoint.verify import verify
 
     for it in (2, 4, 6):
         iter_dir = reference.ckpt / f"iter_{it:07d}"
@@ -79,7 +79,7 @@ def test_a_same_size_byte_flip_is_never_trained_on(reference: Run, corpus: Path,
     """400 bytes inverted in the middle of a shard of the newest checkpoint: the sizes and the
     structure still pass, the hashes do not; the run goes back to iter_0000002 and reproduces the
     reference's losses from iteration 3 on."""
-    from lingjun_slurm.cli_checkpoint import checkpoint
+    from lingjun_slurm.cli.checkpoint import checkpoint
     from click.testing import CliRunner
 
     ckpt = _at_4(reference, tmp_path)
@@ -185,7 +185,7 @@ def test_cheap_mode_does_not_hash(reference: Run, corpus: Path, tmp_path: Path) 
 
 
 def test_split_gives_each_file_to_exactly_one_rank() -> None:
-    from lingjun_slurm.checkpoint.manifest import split
+    from lingjun_slurm.injob.checkpoint.manifest import split
 
     files = {"__0_0.distcp": 900, "__0_1.distcp": 850, "__1_0.distcp": 880, "__1_1.distcp": 870, ".metadata": 30,
              "common.pt": 20, "metadata.json": 1}
@@ -222,7 +222,7 @@ def test_a_check_started_early_is_judged_before_the_load(reference: Run, tmp_pat
     taken in resume() before anything is loaded: the flipped iteration is never passed to load()."""
     from types import SimpleNamespace
 
-    from lingjun_slurm.train import resume
+    from lingjun_slurm.injob.train import resume
 
     ckpt = _at_4(reference, tmp_path)
     _flip(ckpt / "iter_0000004" / "__0_1.distcp", 2000)

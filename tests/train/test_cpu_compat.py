@@ -1,4 +1,4 @@
-"""lingjun_slurm.train.cpu_compat: each redirect, its confinement to CPU mode, and undoing it."""
+"""lingjun_slurm.injob.train.cpu_compat: each redirect, its confinement to CPU mode, and undoing it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("megatron.core", reason="needs megatron-core (pip install '.[megatron]')")
 
-from lingjun_slurm.train import cpu_compat  # noqa: E402
+from lingjun_slurm.injob.train import cpu_compat  # noqa: E402
 
 
 @pytest.fixture
@@ -208,7 +208,7 @@ def test_checkpoint_without_a_device_state_continues_on_the_torch_state(active: 
 
     from megatron.core import tensor_parallel
 
-    from lingjun_slurm.train.ckpt import _set_rng_state
+    from lingjun_slurm.injob.train.ckpt import _set_rng_state
 
     torch.manual_seed(11)
     torch.rand(5)
@@ -231,14 +231,14 @@ def test_checkpoint_with_gpu_rng_states_warns_and_keeps_the_seeded_streams(
 
     from megatron.core import tensor_parallel
 
-    from lingjun_slurm.train.ckpt import _set_rng_state
+    from lingjun_slurm.injob.train.ckpt import _set_rng_state
 
     tensor_parallel.model_parallel_cuda_manual_seed(5, tp_rank=0, ep_rank=0, etp_rank=0)
     seeded = {k: v.clone() for k, v in tensor_parallel.get_cuda_rng_tracker().get_states().items()}
     device = torch.cuda.get_rng_state()
     philox = torch.zeros(16, dtype=torch.uint8)
     state = _saved_rng(philox, {"model-parallel-rng": philox.clone(), "data-parallel-rng": philox.clone()})
-    with caplog.at_level("WARNING", logger="lingjun_slurm.train.ckpt"):
+    with caplog.at_level("WARNING", logger="lingjun_slurm.injob.train.ckpt"):
         _set_rng_state(state, SimpleNamespace(use_cuda=False, cpu_compat=True))
     assert "(cuda_rng_state, model-parallel-rng, data-parallel-rng) were saved on GPUs" in caplog.text
     assert torch.equal(torch.cuda.get_rng_state(), device)

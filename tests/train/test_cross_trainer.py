@@ -7,7 +7,7 @@ with the distributed optimizer, TP=2 and PP=2, with the losses of Megatron-LM's 
 of its own resume and of its resume of the builtin's checkpoint. Also kept: the builtin's
 checkpoints from before it saved Megatron-LM's RNG layout (rng by (pp, tp, dp)).
 
-Both trainers run with lingjun_slurm.train.cpu_compat, whose emulated CUDA generator is what dropout
+Both trainers run with lingjun_slurm.injob.train.cpu_compat, whose emulated CUDA generator is what dropout
 draws from (as on a GPU), apart from the CPU generator that Megatron-LM's DataLoaders draw from on
 tensor-parallel rank 0 only. With one generator for both (before), the TP ranks' dropout masks
 outside tensor-parallel regions differed, the replicated parameters (layer norms, row-parallel
@@ -38,7 +38,7 @@ LAYOUTS = {"single": ({}, 1), "dp2": ({"distributed_optimizer": True}, 2), "tp2"
 # core_v0.19.0) dist_checkpointing.save writes no common.pt: the common state (args, iteration, ...)
 # is the ShardedObject "common_state" inside the .distcp shards (serialization.py save, core_v0.19.0
 # :439-445; read back by load_common_state_dict :206-233), and metadata.json has no common_backend.
-# The builtin's pre-resume check (lingjun_slurm/checkpoint/verify.py version_mismatch) takes that
+# The builtin's pre-resume check (lingjun_slurm/injob/checkpoint/verify.py version_mismatch) takes that
 # layout from megatron-core 0.19 on, and on an older megatron-core stops the run in one line as a
 # version it cannot read (train/ckpt.py CheckpointVersionError), never as damage.
 COMMON_IN_SHARDS = ("0.19.0", "0.20.0")
@@ -255,7 +255,7 @@ def _checkpoint_exception(message: str, ranks: tuple[int, ...] = (0, 1)) -> Base
 
 
 def test_describe_names_what_is_missing() -> None:
-    from lingjun_slurm.train.ckpt import _load_failed
+    from lingjun_slurm.injob.train.ckpt import _load_failed
 
     err = _load_failed("/c/iter_0000003", 3, _checkpoint_exception(
         "Missing key in checkpoint state_dict: rng_state/shard_0.0.0_1.1.1."))
@@ -268,8 +268,8 @@ def test_describe_names_what_is_missing() -> None:
 def test_stage_edge_catches_checkpoint_exception(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
                                                  tmp_path: Path) -> None:
     """A CheckpointException (a BaseException) from anywhere in the run: one line, exit 1, no traceback."""
-    from lingjun_slurm.stages import train as stage
-    from lingjun_slurm.train import entry
+    from lingjun_slurm.injob.stages import train as stage
+    from lingjun_slurm.injob.train import entry
 
     def boom(_settings):
         raise _checkpoint_exception("Missing key in checkpoint state_dict: optimizer.state.exp_avg.x", (0,))

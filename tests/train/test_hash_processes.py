@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from lingjun_slurm.checkpoint import manifest as mf
-from lingjun_slurm.train import hashcheck
+from lingjun_slurm.injob.checkpoint import manifest as mf
+from lingjun_slurm.injob.train import hashcheck
 
 from .helpers import REPO, free_port
 
@@ -52,8 +52,8 @@ def test_a_hasher_killed_by_sigbus_falls_back_to_read(tmp_path: Path, monkeypatc
 RANK = """
 import sys, time
 import torch.distributed as dist
-from lingjun_slurm.train import hashcheck
-from lingjun_slurm.train import TrainError
+from lingjun_slurm.injob.train import hashcheck
+from lingjun_slurm.injob.train import TrainError
 rank, port, root = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
 class Rt: pass

@@ -54,7 +54,7 @@ CHILD = textwrap.dedent("""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.transformer.module import Float16Module
-    from lingjun_slurm.train import cpu_compat
+    from lingjun_slurm.injob.train import cpu_compat
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     parallel_state.initialize_model_parallel(1, 1)

@@ -17,7 +17,7 @@ SCRIPT = textwrap.dedent("""
     import datetime, os, sys, time
     from types import SimpleNamespace
     import torch.distributed as dist
-    from lingjun_slurm.train import resume
+    from lingjun_slurm.injob.train import resume
 
     rank, port, how = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,

@@ -30,7 +30,7 @@ def test_event_files_carry_megatron_lms_tags_and_the_metrics(straight_run: Run) 
 def test_no_tensorboard_no_event_files(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
-    from lingjun_slurm.train.metrics import Metrics
+    from lingjun_slurm.injob.train.metrics import Metrics
 
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
     m = Metrics(str(tmp_path / "metrics.jsonl"), "r", enabled=True, log_interval=1)

@@ -25,7 +25,7 @@ Why our runs are not exposed:
   torch's, so a worker lives through the SIGTERM. The tool always renders `--exit-signal-handler`
   (lingjun_slurm/megatron/args.py). test_megatron_s_worker_handler_keeps_the_save and
   test_every_megatron_version_gets_the_exit_signal_handler.
-- The builtin trainer makes no DataLoader (lingjun_slurm/train/data.py Batches reads the
+- The builtin trainer makes no DataLoader (lingjun_slurm/injob/train/data.py Batches reads the
   dataset in the rank itself); test_the_builtin_trainer_starts_no_dataloader_workers.
 """
 
@@ -140,8 +140,8 @@ def test_every_megatron_version_gets_the_exit_signal_handler(tmp_path: Path, ver
 
 
 def test_the_builtin_trainer_starts_no_dataloader_workers() -> None:
-    """A DataLoader with workers in lingjun_slurm/train would need the protection above: its
+    """A DataLoader with workers in lingjun_slurm/injob/train would need the protection above: its
     workers must live through the time limit's SIGTERM (see the module docstring)."""
-    for path in sorted((REPO / "lingjun_slurm" / "train").glob("*.py")):
+    for path in sorted((REPO / "lingjun_slurm" / "injob" / "train").glob("*.py")):
         text = path.read_text()
         assert "DataLoader(" not in text and "num_workers" not in text, path

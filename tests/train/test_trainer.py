@@ -42,13 +42,13 @@ def test_one_process_trains_and_checkpoints(straight_run: Run) -> None:
 
 def test_checkpoint_passes_verify(straight_run: Run) -> None:
     """`lingjun-slurm checkpoint verify DIR --load-tensors` accepts what the trainer wrote."""
-    from lingjun_slurm.cli_checkpoint import checkpoint
+    from lingjun_slurm.cli.checkpoint import checkpoint
 
     result = CliRunner().invoke(checkpoint, ["verify", str(straight_run.ckpt), "--load-tensors", "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
     assert report["ok"] and report["iteration"] == 20, report
-    from lingjun_slurm.checkpoint import verify
+    from lingjun_slurm.injob.checkpoint import verify
 
     assert verify(straight_run.ckpt, 10).iteration == 10  # raises CheckpointDamaged otherwise
 
@@ -99,7 +99,7 @@ def test_two_processes_data_parallel_match_one(dp2_run: Run, corpus: Path, tmp_p
     assert max(abs(dp2[i] - single[i]) for i in dp2) < 1e-4
     assert dp2[40] < dp2[1] - 1.0
     assert "world 2 = TP 1 x PP 1 x CP 1 x DP 2" in dp2_run.proc.stdout
-    from lingjun_slurm.checkpoint import verify
+    from lingjun_slurm.injob.checkpoint import verify
 
     assert verify(dp2_run.ckpt, load_tensors=True).tensors_loaded
     shards = {p.name for p in (dp2_run.ckpt / "iter_0000040").glob("__*.distcp")}
@@ -166,7 +166,7 @@ def test_model_parallel_two_processes(layout: dict, corpus: Path, tmp_path: Path
     assert sorted(train) == list(range(1, 11)) and all(math.isfinite(v) for v in train.values())
     assert train[10] < train[1]
     assert f"world 2 = TP {tp} x PP {pp} x CP 1 x DP 1" in proc.stdout
-    from lingjun_slurm.checkpoint import verify
+    from lingjun_slurm.injob.checkpoint import verify
 
     assert verify(tmp_path / "straight" / "ckpt", load_tensors=True).tensors_loaded
     plan = plan_in(tmp_path / "resumed")
@@ -180,7 +180,7 @@ def test_model_parallel_two_processes(layout: dict, corpus: Path, tmp_path: Path
 def test_stage_dispatcher_runs_train(straight_run: Run) -> None:
     """`python3 -m lingjun_slurm.stages train --plan P` (the rendered command) reaches this trainer."""
     if not dispatcher_wired():
-        pytest.skip("lingjun_slurm/stages/__main__.py does not dispatch train to stages/train.py yet")
+        pytest.skip("lingjun_slurm/injob/stages/dispatch.py does not dispatch train to stages/train.py yet")
     assert stage_command(straight_run.plan)[1:4] == ["-m", "lingjun_slurm.stages", "train"]
     assert "iteration       20/20" in straight_run.proc.stdout  # the session runs went through it
 

@@ -7,14 +7,14 @@ import signal
 
 import pytest
 
-from lingjun_slurm.train import TrainError
-from lingjun_slurm.train.data import Batches, check_prefix, dataset_tokenizer
-from lingjun_slurm.train.loop import StopFlag
-from lingjun_slurm.train.metrics import flops_per_sample, peak_tflops
-from lingjun_slurm.train.model import padded_vocab_size
-from lingjun_slurm.train.optim import scheduler_steps
-from lingjun_slurm.train.runtime import dist_env
-from lingjun_slurm.train.settings import from_plan
+from lingjun_slurm.injob.train import TrainError
+from lingjun_slurm.injob.train.data import Batches, check_prefix, dataset_tokenizer
+from lingjun_slurm.injob.train.loop import StopFlag
+from lingjun_slurm.injob.train.metrics import flops_per_sample, peak_tflops
+from lingjun_slurm.injob.train.model import padded_vocab_size
+from lingjun_slurm.injob.train.optim import scheduler_steps
+from lingjun_slurm.injob.train.runtime import dist_env
+from lingjun_slurm.injob.train.settings import from_plan
 
 from .helpers import base_plan
 
@@ -89,7 +89,7 @@ def test_padded_vocab_and_scheduler_steps(plan: dict) -> None:
 
 
 def test_flops_and_peak() -> None:
-    from lingjun_slurm.train.settings import ModelSettings
+    from lingjun_slurm.injob.train.settings import ModelSettings
 
     m = ModelSettings(num_layers=24, hidden_size=2048, num_attention_heads=16, num_query_groups=16,
                       ffn_hidden_size=8192, seq_length=2048, max_position_embeddings=2048, vocab_size=None)
@@ -130,7 +130,7 @@ def test_version_floor_message(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("megatron.core")
     import megatron.core.package_info as info
 
-    from lingjun_slurm.train.entry import check_versions
+    from lingjun_slurm.injob.train.entry import check_versions
 
     assert check_versions()["megatron-core"] == info.__version__
     monkeypatch.setattr(info, "__version__", "0.15.2")
@@ -142,7 +142,7 @@ def test_untracked_iteration_directories_are_never_deleted(tmp_path) -> None:
     """No tracker: an incomplete iteration directory (a first save that died) is moved aside, kept,
     and training starts from scratch; a complete one (metadata.json) is resumed from. Never a start
     from 0 that would later delete iter_0000100 as an 'unfinished save'."""
-    from lingjun_slurm.train.ckpt import latest
+    from lingjun_slurm.injob.train.ckpt import latest
 
     assert latest(str(tmp_path / "none")) is None
     assert latest(str(tmp_path)) is None  # empty directory: a fresh start

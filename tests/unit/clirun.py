@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lingjun_slurm.cli import main
+from lingjun_slurm.cli.main import main
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

@@ -15,9 +15,9 @@ import pytest
 
 from lingjun_slurm import __version__
 from lingjun_slurm.bundle import build_wheel, ship, wheel_members
-from lingjun_slurm.errors import UsageError
+from lingjun_slurm.common.errors import UsageError
 from lingjun_slurm.plan import PLAN_SCHEMA
-from lingjun_slurm.stages import runtime
+from lingjun_slurm.injob.stages import runtime
 from lingjun_slurm.transport import LocalTransport
 
 
@@ -34,8 +34,8 @@ def test_wheel_is_deterministic_complete_and_its_record_is_right() -> None:
                 raw = zf.read(path)
                 want = base64.urlsafe_b64encode(hashlib.sha256(raw).digest()).rstrip(b"=").decode()
                 assert digest == f"sha256={want}" and int(size) == len(raw), path
-    for must in ("lingjun_slurm/stages/__main__.py", "lingjun_slurm/presets/network_profiles.yaml",
-                 "lingjun_slurm/slurm_templates/train.sbatch.j2", "lingjun_slurm/data/tokenizer.py"):
+    for must in ("lingjun_slurm/injob/stages/dispatch.py", "lingjun_slurm/presets/network_profiles.yaml",
+                 "lingjun_slurm/slurm_templates/train.sbatch.j2", "lingjun_slurm/injob/data/tokenizer.py"):
         assert must in names
     assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
 
@@ -54,7 +54,7 @@ def test_ship_unpacks_importable_code_and_refuses_bad_wheels(tmp_path: Path) -> 
     names = ship(LocalTransport(), str(run_dir), [])
     assert names == [build_wheel()[0]]
     assert (run_dir / "wheels" / names[0]).is_file()
-    assert (run_dir / "site" / "lingjun_slurm" / "stages" / "runtime.py").is_file()
+    assert (run_dir / "site" / "lingjun_slurm" / "injob" / "stages" / "runtime.py").is_file()
     with pytest.raises(UsageError, match="not a wheel"):
         ship(LocalTransport(), str(run_dir), [str(tmp_path / "missing.whl")])
     evil = io.BytesIO()
@@ -103,7 +103,7 @@ def test_task_wrapper_prepends_the_shipped_code_to_the_images_pythonpath() -> No
 
 
 def test_rendered_container_env_passes_the_site_not_pythonpath(capsys) -> None:
-    from lingjun_slurm.cli import main
+    from lingjun_slurm.cli.main import main
     from tests.conftest import REPO
 
     with pytest.raises(SystemExit):
@@ -128,7 +128,7 @@ def test_megatron_core_found_in_a_checkout_without_package_metadata(tmp_path: Pa
     site = tmp_path / "site"
     ship(LocalTransport(), str(tmp_path / "run"), [])
     site = tmp_path / "run" / "site"
-    code = "from lingjun_slurm.stages.runtime import installed; print(installed('megatron-core'))"
+    code = "from lingjun_slurm.injob.stages.runtime import installed; print(installed('megatron-core'))"
     out = subprocess.run([str(bare), "-c", code], env={"PYTHONPATH": f"{site}:{tmp_path / 'mlm'}"}, cwd=tmp_path,
                          capture_output=True, text=True)
     assert out.stdout.strip() == "0.16.1", out.stderr

@@ -74,7 +74,7 @@ def test_cli_never_imports_torch_or_megatron(tmp_path: Path) -> None:
     nor megatron is loaded."""
     code = f"""
 import sys
-from lingjun_slurm.cli import main
+from lingjun_slurm.cli.main import main
 for args in (["--help"], ["validate", {str(EXAMPLE)!r}], ["render", {str(EXAMPLE)!r}, "-o", {str(tmp_path)!r}],
              ["nccl-env", "--profile", "lingjun"], ["submit", {str(EXAMPLE)!r}, "--executor", "slurm", "--dry-run"],
              ["list"], ["status"]):

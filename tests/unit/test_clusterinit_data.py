@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lingjun_slurm import clusterinit_gen, network
-from lingjun_slurm.cli import main
+from lingjun_slurm.nodes import clusterinit_gen
+from lingjun_slurm import network
+from lingjun_slurm.cli.main import main
 
 REPO = Path(__file__).resolve().parents[2]
 NCCL = REPO / "cluster_init" / clusterinit_gen.NCCL_DIR
@@ -13,7 +14,7 @@ NCCL = REPO / "cluster_init" / clusterinit_gen.NCCL_DIR
 
 def test_generated_files_are_current() -> None:
     assert clusterinit_gen.main(["--check", str(REPO / "cluster_init")]) == 0, \
-        "stale: run python -m lingjun_slurm.clusterinit_gen cluster_init/"
+        "stale: run python -m lingjun_slurm.nodes.clusterinit_gen cluster_init/"
 
 
 def test_check_fails_on_drift(tmp_path: Path) -> None:
@@ -44,7 +45,7 @@ HEALTH = REPO / "cluster_init" / clusterinit_gen.HEALTH_DIR
 
 
 def test_health_checks_are_copied_verbatim_and_executable() -> None:
-    from lingjun_slurm import health
+    from lingjun_slurm.nodes import health
 
     program = HEALTH / health.PROGRAM
     assert program.read_text() == health.program_text()

@@ -20,7 +20,7 @@ from lingjun_slurm.container import HOST_CWD_FLAG, pyxis_flags
 from lingjun_slurm.doctor import ImageChoice, prepare
 from lingjun_slurm.plan import build_plan
 from lingjun_slurm.render import render_plan
-from lingjun_slurm.shell import Shell, join
+from lingjun_slurm.common.shell import Shell, join
 from lingjun_slurm.spec.load import load_spec
 from lingjun_slurm.spec.models import ContainerSpec
 from tests.conftest import REPO, scenario_files

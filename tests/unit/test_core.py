@@ -11,9 +11,9 @@ from lingjun_slurm.container import lint_image, parse_mount
 from lingjun_slurm.megatron import args as margs
 from lingjun_slurm.megatron import versions
 from lingjun_slurm.plan import Dependency, build_plan
-from lingjun_slurm.shell import Shell, quote
+from lingjun_slurm.common.shell import Shell, quote
 from lingjun_slurm.spec import parse_spec
-from lingjun_slurm.timefmt import format_time, parse_time
+from lingjun_slurm.common.timefmt import format_time, parse_time
 from tests.conftest import REPO
 
 
@@ -153,7 +153,7 @@ def test_azure_profile_mounts_topology_into_the_container() -> None:
 def test_unquoted_version_float_asks_for_quotes() -> None:
     raw = _spec()
     raw["megatron_lm"]["version"] = 0.2  # what YAML makes of an unquoted 0.20
-    from lingjun_slurm.errors import SpecError
+    from lingjun_slurm.common.errors import SpecError
 
     with pytest.raises(SpecError, match="in quotes"):
         parse_spec(yaml.safe_dump(raw), "x")
@@ -170,7 +170,7 @@ def test_unquoted_version_float_asks_for_quotes() -> None:
     (lambda r: r["data"]["tokenizer"].update(path="/t/tokenizer.json"), "data.tokenizer.path", "directory"),
 ])
 def test_megatron_lm_would_reject_these(mutate, field: str, text: str) -> None:
-    from lingjun_slurm.errors import SpecError
+    from lingjun_slurm.common.errors import SpecError
 
     raw = _spec()
     mutate(raw)

@@ -1,4 +1,4 @@
-"""Which node a crashed step blames (lingjun_slurm/crashlog.py), on real failure excerpts from
+"""Which node a crashed step blames (lingjun_slurm/injob/host/crashlog.py), on real failure excerpts from
 public issue threads (tests/fixtures/crashlogs/SOURCES.md) and constructed edge cases. The
 srun lines added to real excerpts use srun's own formats (Slurm 22.05-25.11 src/srun/launch.c
 _task_finish: "%s: %s %s: Exited with exit code %d", "%s: %s %s: %s%s")."""
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lingjun_slurm import crashlog
+from lingjun_slurm.injob.host import crashlog
 
 REPO = Path(__file__).resolve().parents[2]
 FIX = REPO / "tests" / "fixtures" / "crashlogs"
@@ -239,19 +239,19 @@ def test_expand_hosts_and_tasks():
     assert crashlog.expand_tasks("0-2,5") == [0, 1, 2, 5] and crashlog.expand_tasks("1-x") == []
 
 
-# ---- the CLI and its contract with lingjun_slurm.exclusion.add ---------------------------------
+# ---- the CLI and its contract with lingjun_slurm.injob.host.exclusion.add ---------------------------------
 
 def test_cli_prints_one_json_object(tmp_path):
     log = tmp_path / "job.out"
     log.write_text("prelude\n" + real("nccl_1653_unknown_error.log"))
-    proc = subprocess.run([sys.executable, "-m", "lingjun_slurm.crashlog", "--log", str(log), "--offset", "8",
+    proc = subprocess.run([sys.executable, "-m", "lingjun_slurm.injob.host.crashlog", "--log", str(log), "--offset", "8",
                            "--nodes", "DESKTOP-1CE5APL,node2"], capture_output=True, text=True, cwd=REPO,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["schema"] == 1 and [f["node"] for f in doc["found"]] == ["DESKTOP-1CE5APL"]
     assert set(doc["found"][0]) == {"node", "reason", "source"}  # what exclusion.add() reads
-    missing = subprocess.run([sys.executable, "-m", "lingjun_slurm.crashlog", "--log", str(tmp_path / "nope"),
+    missing = subprocess.run([sys.executable, "-m", "lingjun_slurm.injob.host.crashlog", "--log", str(tmp_path / "nope"),
                               "--offset", "0"], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert missing.returncode == 2 and "cannot read" in missing.stderr
 
@@ -261,15 +261,16 @@ def test_stdlib_only():
     __init__) use the standard library only: they run on the batch host with plain python3."""
     stdlib = {"argparse", "json", "os", "re", "sys", "typing", "shutil", "tempfile", "collections", "contextlib",
               "importlib", "pathlib"}
-    for rel in ("crashlog.py", "health/xid.py", "health/__init__.py"):
+    for rel in ("injob/host/crashlog.py", "nodes/health/xid.py", "nodes/health/__init__.py"):
         src = (REPO / "lingjun_slurm" / rel).read_text()
         imports = {line.split()[1].split(".")[0] or line.split()[1] for line in src.splitlines()
                    if line.startswith(("import ", "from ")) and not line.startswith("from __future__")}
-        assert imports <= stdlib | {".health"}, (rel, imports)
+        ours = {line.split()[1] for line in src.splitlines() if line.startswith("from lingjun_slurm")}
+        assert imports <= stdlib | {".health", "lingjun_slurm"} and ours <= {"lingjun_slurm.nodes.health"}, (rel, imports)
 
 
 
-# ---- Xids: lingjun-health's XID table and the SKU family (lingjun_slurm/health/xid.py) --------------
+# ---- Xids: lingjun-health's XID table and the SKU family (lingjun_slurm/nodes/health/xid.py) --------------
 
 XID63 = real("m4_logs_tr190_xid63.log").split("Error: ", 1)[1]  # the kernel's syslog line, host ip-26-0-146-100
 XID94 = real("open_gpu_kernel_modules_xid94_format.log")
@@ -350,7 +351,7 @@ def test_a_broken_node_config_falls_back_to_nvidias_catalog_and_says_why(tmp_pat
 def test_cli_sku_and_policy(tmp_path):
     log = tmp_path / "job.out"
     log.write_text(XID63 + "\n")
-    base = [sys.executable, "-m", "lingjun_slurm.crashlog", "--log", str(log), "--offset", "0", "--nodes", " ".join(NODES)]
+    base = [sys.executable, "-m", "lingjun_slurm.injob.host.crashlog", "--log", str(log), "--offset", "0", "--nodes", " ".join(NODES)]
     proc = subprocess.run(base + ["--sku", "Standard_ND96isr_H200_v5"], capture_output=True, text=True, cwd=REPO,
                           timeout=60)
     assert proc.returncode == 0 and [f["node"] for f in json.loads(proc.stdout)["found"]] == ["ip-26-0-146-100"]
@@ -362,7 +363,7 @@ def test_cli_sku_and_policy(tmp_path):
 
 
 def test_a_malformed_xid_table_names_its_line(tmp_path):
-    from lingjun_slurm.health import xid
+    from lingjun_slurm.nodes.health import xid
     bad = tmp_path / "xid.tsv"
     bad.write_text("# ok\nPOLICY\tnvidia\tactions\telapsed\tevery-run\n79 RESTART_BM - lost\n")
     with pytest.raises(xid.XidTableError, match=rf"^{bad}:3: expected CODE<TAB>"):

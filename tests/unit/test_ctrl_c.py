@@ -21,8 +21,8 @@ from typing import Optional
 import click
 import pytest
 
-from lingjun_slurm import cli as cli_module
-from lingjun_slurm.interrupts import EXIT_INTERRUPTED, Interrupted
+from lingjun_slurm.cli import main as cli_module
+from lingjun_slurm.common.interrupts import EXIT_INTERRUPTED, Interrupted
 from tests.integration.helpers import PY, chain_spec, cli, status, submitted_run_id
 
 PATH = f"{os.path.dirname(PY)}{os.pathsep}{os.environ.get('PATH', '')}"

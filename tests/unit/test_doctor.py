@@ -12,9 +12,9 @@ import pytest
 import yaml
 
 from lingjun_slurm import doctor
-from lingjun_slurm.errors import SpecError, UsageError
+from lingjun_slurm.common.errors import SpecError, UsageError
 from lingjun_slurm.plan import build_plan
-from lingjun_slurm.shell import Shell
+from lingjun_slurm.common.shell import Shell
 from lingjun_slurm.spec import parse_spec
 from lingjun_slurm.transport import LocalTransport
 from tests.unit.clirun import run_cli

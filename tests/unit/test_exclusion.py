@@ -1,4 +1,4 @@
-"""Bad-node exclusion (lingjun_slurm/exclusion.py): the record, the bound, the stuck ranks of a hang,
+"""Bad-node exclusion (lingjun_slurm/injob/host/exclusion.py): the record, the bound, the stuck ranks of a hang,
 node failures; with stand-ins for scontrol and sinfo that print what Slurm 22.05 prints
 (`scontrol show job -o`, `sinfo -h -N -o '%N %T'`). The real requeuehold/update/release path runs
 on the test cluster (tests/integration/test_faults_slurm.py)."""
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from lingjun_slurm import exclusion
+from lingjun_slurm.injob.host import exclusion
 from lingjun_slurm.status import StageStatus, _add_note
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,7 +38,7 @@ def stand_ins(tmp: Path, sinfo: str, partition: str = "gpu", job: str = "ExcNode
 
 
 def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lingjun_slurm.exclusion", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "lingjun_slurm.injob.host.exclusion", *args], capture_output=True, text=True,
                           env={**env, "PYTHONPATH": str(REPO)}, timeout=60)
 
 

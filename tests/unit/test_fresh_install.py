@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from lingjun_slurm import health as pkg
-from lingjun_slurm.cli_health import HINT_NO_SMI, fresh_install_hints
-from lingjun_slurm.nccltests.run import UNCONFIGURED_HINT
+from lingjun_slurm.nodes import health as pkg
+from lingjun_slurm.cli.health import HINT_NO_SMI, fresh_install_hints
+from lingjun_slurm.slurm.client import UNCONFIGURED_HINT
 
 CLI = Path(sys.executable).parent / "lingjun-slurm"
 BASIC = ("bash", "sh", "env", "cat", "grep", "sed", "awk", "head", "tail", "cut", "tr", "sort", "uniq", "wc", "date",

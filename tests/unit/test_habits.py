@@ -134,8 +134,8 @@ def test_forget_needs_a_run_or_missing(capsys) -> None:
 
 @pytest.mark.parametrize("mask", [0o022, 0o002, 0o077])
 def test_tracker_and_manifest_modes_follow_the_umask(tmp_path: Path, mask: int) -> None:
-    from lingjun_slurm.checkpoint import write_tracker
-    from lingjun_slurm.checkpoint import manifest
+    from lingjun_slurm.injob.checkpoint import write_tracker
+    from lingjun_slurm.injob.checkpoint import manifest
 
     it = tmp_path / "iter_0000010"
     it.mkdir()
@@ -157,7 +157,7 @@ def test_tracker_and_manifest_modes_follow_the_umask(tmp_path: Path, mask: int) 
 # --- (f) merge skips when its inputs are unchanged, as preprocess does ----------------------------
 
 def test_merge_skips_when_the_shards_are_unchanged(tmp_path: Path, capsys) -> None:
-    from lingjun_slurm.stages import merge, preprocess
+    from lingjun_slurm.injob.stages import merge, preprocess
     from tests.data.helpers import TOKENIZERS, make_plan
 
     src = tmp_path / "in" / "c.jsonl"

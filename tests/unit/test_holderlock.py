@@ -1,4 +1,4 @@
-"""The holder-file lock (lingjun_slurm/holderlock.py): O_EXCL holder files, stale holders, races."""
+"""The holder-file lock (lingjun_slurm/common/holderlock.py): O_EXCL holder files, stale holders, races."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from lingjun_slurm import holderlock
-from lingjun_slurm.holderlock import Holder, HolderLock, LockHeld, read_holder, slurm_job_alive
+from lingjun_slurm.common import holderlock
+from lingjun_slurm.common.holderlock import Holder, HolderLock, LockHeld, read_holder, slurm_job_alive
 
 
 def holder(**kw) -> Holder:

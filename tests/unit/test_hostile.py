@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from lingjun_slurm.errors import SpecError, dotted
+from lingjun_slurm.common.errors import SpecError, dotted
 from lingjun_slurm.plan import build_plan
 from lingjun_slurm.render import render_plan, write_files
 from lingjun_slurm.spec import parse_spec
@@ -194,9 +194,9 @@ def test_accepted_values_arrive_literally_in_megatron_arguments(tmp_path: Path) 
     results = run_all_scripts(outdir, tmp_path / "bin", tmp_path)
     assert all(rc == 0 for n, rc, _ in results if n == "train.sbatch")
     calls = [line.split("\0")[:-1] for line in (tmp_path / "argv.log").read_text().splitlines() if line]
-    # python3 -m lingjun_slurm.pyrun .../pretrain_gpt.py ARGS: pyrun registers the hang watchdog's stack dump
+    # python3 -m lingjun_slurm.injob.pyrun .../pretrain_gpt.py ARGS: pyrun registers the hang watchdog's stack dump
     train = next(c[c.index(w):] for c in calls for w in c if w.endswith("pretrain_gpt.py"))
-    assert any(c[:2] == ["-m", "lingjun_slurm.pyrun"] for c in calls if train[0] in c), calls
+    assert any(c[:2] == ["-m", "lingjun_slurm.injob.pyrun"] for c in calls if train[0] in c), calls
     assert train[train.index("--save") + 1] == weird
     assert train[train.index("--load") + 1] == weird
     assert train[-2:] == ["--data-cache-path", weird]

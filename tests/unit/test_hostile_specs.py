@@ -2,9 +2,9 @@
 message naming the file, the line and the field, and never prints a traceback or
 "internal error" (issue 15, items 5 and 6).
 
-Most cases run the CLI in-process (lingjun_slurm.cli.main, what the console script calls);
+Most cases run the CLI in-process (lingjun_slurm.cli.main.main, what the console script calls);
 the ones about the process itself (a FIFO that must not block, /dev/zero that never ends,
-Python's recursion limit, the time a 1 MiB + 1 byte file takes) run `python -m lingjun_slurm.cli`
+Python's recursion limit, the time a 1 MiB + 1 byte file takes) run `python -m lingjun_slurm.cli.main`
 in a subprocess. The limits themselves are checked against the real things where they run
 here: Slurm 22.05's own time_str2mins / str_to_mbytes (libslurmfull.so, through ctypes), the
 kernel's execve and path limits, bash's test and read-only variables, numpy's seed range.
@@ -27,8 +27,8 @@ from typing import Any, Callable, NamedTuple
 import pytest
 import yaml
 
-from lingjun_slurm.cli import main
-from lingjun_slurm.errors import SpecError
+from lingjun_slurm.cli.main import main
+from lingjun_slurm.common.errors import SpecError
 from lingjun_slurm.spec import models, parse_spec, yamlpos
 from lingjun_slurm.spec.load import MAX_ISSUES
 from tests.unit.test_invalid_specs import expected_line, megatron_base, mutate, tiny_base

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from lingjun_slurm.cli import main
+from lingjun_slurm.cli.main import main
 from lingjun_slurm.container import lint_image
 from lingjun_slurm.images import enroot
 from lingjun_slurm.images.reference import DOCKER_HUB, parse_image_ref

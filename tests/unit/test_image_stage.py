@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from lingjun_slurm.cli import main
+from lingjun_slurm.cli.main import main
 from lingjun_slurm.images.cache import CacheError, ImageCache, check_owner
 from tests.standins import REGISTRY, imports, standin_env
 
@@ -76,7 +76,7 @@ def test_enroot_3_resolves_the_digest_from_the_registry(tmp_path: Path, env: dic
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """enroot 3.x has no `digest` and no @sha256 URIs: the stage asks the registry and imports the digest
     as the tag (3.x fetches manifests/<tag> as given)."""
-    import lingjun_slurm.stages.image as stage
+    import lingjun_slurm.injob.stages.image as stage
 
     calls = []
     monkeypatch.setattr(stage, "resolve_digest",
@@ -101,7 +101,7 @@ def test_a_docker_style_reference_is_imported_from_its_registry(tmp_path: Path, 
     """`reg.example/team/img:1` (issue 25: real enroot 4.1.2 imports REGISTRY/IMAGE) names the same image as
     `reg.example#team/img:1`: the stage parses it as enroot 4.x does (images/reference.py) and imports enroot's
     own '#' form, which enroot 3.x reads too (v3.5.0 src/docker.sh:259-272), so staging works on both."""
-    import lingjun_slurm.stages.image as stage
+    import lingjun_slurm.injob.stages.image as stage
 
     monkeypatch.setattr(stage, "resolve_digest", lambda ref, arch=None, environ=None: DIGEST)  # 3.x asks the registry
     monkeypatch.setenv("STANDIN_ENROOT_VERSION", version)

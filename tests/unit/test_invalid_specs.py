@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import pytest
 import yaml
 
-from lingjun_slurm.cli import main
+from lingjun_slurm.cli.main import main
 
 DELETE = object()  # mutation value: remove the key / list item
 

@@ -22,7 +22,7 @@ from typing import Iterator
 import pytest
 
 from lingjun_slurm.executors import local
-from lingjun_slurm.diskspace import no_space_in_log, no_space_reason
+from lingjun_slurm.common.diskspace import no_space_in_log, no_space_reason
 from lingjun_slurm.executors.local import LocalRunner
 from lingjun_slurm.runs.index import RunIndex
 from lingjun_slurm.spec import load_spec

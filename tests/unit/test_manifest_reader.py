@@ -17,7 +17,7 @@ from typing import Any, Iterator
 import pytest
 from pydantic import ValidationError
 
-from lingjun_slurm.errors import TransportError
+from lingjun_slurm.common.errors import TransportError
 from lingjun_slurm.runs import manifest as mod
 from lingjun_slurm.runs.manifest import (Attempt, ClusterRecord, DependencyRecord, Manifest, SpecRecord, StageRecord,
                                          TransportRecord, load_manifest, save_manifest)

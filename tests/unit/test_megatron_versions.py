@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lingjun_slurm.errors import SpecError
+from lingjun_slurm.common.errors import SpecError
 from lingjun_slurm.megatron import versions
 from lingjun_slurm.spec import parse_spec
 from tools import megatron_variants as mv

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from lingjun_slurm import network
-from lingjun_slurm.errors import UsageError
+from lingjun_slurm.common.errors import UsageError
 
 
 def nccl_file_applied(environ: dict[str, str], conf_text: str) -> dict[str, str]:

@@ -9,7 +9,7 @@ from typing import Optional
 
 import pytest
 
-from lingjun_slurm.nccltests.bisect import Bisection, PairResult, simulate
+from lingjun_slurm.nodes.nccltests.bisect import Bisection, PairResult, simulate
 
 HEALTHY = 338.8  # GB/s: the recorded 2 x 8 H100 all_reduce peak
 
@@ -124,7 +124,7 @@ def test_rounds_and_jobs_stay_within_the_documented_bound(n: int) -> None:
 
 
 def test_pair_scripts_reproduce_their_own_command() -> None:
-    from lingjun_slurm.nccltests.plan import with_options
+    from lingjun_slurm.nodes.nccltests.plan import with_options
 
     base = ("lingjun-slurm", "nccl-test", "--render-only", "/r", "--profile", "tcp", "--nodelist", "n[1-4]")
     assert with_options(base, render_only="/r/round1/n1-n2", nodelist="n1,n2", ops="all_reduce") == (

@@ -207,7 +207,7 @@ def test_hostile_strings_never_run(capsys: pytest.CaptureFixture[str], tmp_path:
 def test_the_command_imports_neither_torch_nor_numpy(tmp_path: Path) -> None:
     code = f"""
 import sys
-from lingjun_slurm.cli import main
+from lingjun_slurm.cli.main import main
 for args in (["nccl-test", "--help"], ["nccl-test", "--render-only", {str(tmp_path / 'o')!r}, "--profile", "lingjun"],
              ["nccl-test", "--report", {str(FIXTURES / 'h100_a3mega_all_reduce.txt')!r}, "--no-chart",
               "--report-json", {str(tmp_path / 'report.json')!r}]):

@@ -1,4 +1,4 @@
-"""lingjun_slurm.nccltests.parse against real nccl-tests outputs (see tests/fixtures/nccl/SOURCES.md)."""
+"""lingjun_slurm.nodes.nccltests.parse against real nccl-tests outputs (see tests/fixtures/nccl/SOURCES.md)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lingjun_slurm.nccltests.parse import (
+from lingjun_slurm.nodes.nccltests.parse import (
     NcclParseError,
     busbw_at,
     max_busbw,
@@ -268,7 +268,7 @@ def test_launcher_prefixes_are_learned_from_rank_0s_header_line() -> None:
 
 def test_tasks_that_each_print_their_own_table_are_seen() -> None:
     """A binary built without MPI under srun -l: every task prints a whole 1-rank test with its label."""
-    from lingjun_slurm.nccltests.verdict import failure_reasons
+    from lingjun_slurm.nodes.nccltests.verdict import failure_reasons
 
     real = (FIX / "nccl_tests_290_h100_2node_srun_l_all_reduce.txt").read_text().splitlines()
     mine = [line for line in real if "Rank " not in line or "Rank  0 " in line]

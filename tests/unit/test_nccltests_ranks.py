@@ -1,4 +1,4 @@
-"""The rank count of an nccl-tests run and where it comes from (lingjun_slurm/nccltests/ranks.py): the
+"""The rank count of an nccl-tests run and where it comes from (lingjun_slurm/nodes/nccltests/ranks.py): the
 command line, the rank lines, the size and count columns, busbw/algbw. The real outputs are judged in
 test_nccltests_real.py; here each rule on small made-up inputs, the real tables where they decide."""
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from lingjun_slurm.nccltests.parse import NcclTestResult, RankInfo, Row, parse_runs, parse_text
-from lingjun_slurm.nccltests.ranks import Ranks, derive, from_bandwidth, from_command, from_rank_lines, processes
+from lingjun_slurm.nodes.nccltests.parse import NcclTestResult, RankInfo, Row, parse_runs, parse_text
+from lingjun_slurm.nodes.nccltests.ranks import Ranks, derive, from_bandwidth, from_command, from_rank_lines, processes
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nccl"
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from lingjun_slurm.nccltests.parse import parse_runs
-from lingjun_slurm.nccltests.schema import validate
+from lingjun_slurm.nodes.nccltests.parse import parse_runs
+from lingjun_slurm.nodes.nccltests.schema import validate
 from tests.unit.test_nccltests_cli import run_cli
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nccl"

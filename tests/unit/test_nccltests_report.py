@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from lingjun_slurm import network
-from lingjun_slurm.nccltests.chart import Series, Threshold, series_of, write_chart
-from lingjun_slurm.nccltests.parse import parse_text
-from lingjun_slurm.nccltests.report import build, format_plain, table, to_json
-from lingjun_slurm.nccltests.results import OpOutput, load_file, load_op, load_paths
-from lingjun_slurm.nccltests.schema import validate
-from lingjun_slurm.nccltests.run import JobEnd
-from lingjun_slurm.nccltests.verdict import FAIL, PASS, Shape, Verdict, parse_expect, profile_references
+from lingjun_slurm.nodes.nccltests.chart import Series, Threshold, series_of, write_chart
+from lingjun_slurm.nodes.nccltests.parse import parse_text
+from lingjun_slurm.nodes.nccltests.report import build, format_plain, table, to_json
+from lingjun_slurm.nodes.nccltests.results import OpOutput, load_file, load_op, load_paths
+from lingjun_slurm.nodes.nccltests.schema import validate
+from lingjun_slurm.nodes.nccltests.run import JobEnd
+from lingjun_slurm.nodes.nccltests.verdict import FAIL, PASS, Shape, Verdict, parse_expect, profile_references
 from lingjun_slurm.transport import LocalTransport
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nccl"
@@ -188,8 +188,8 @@ def test_chart_is_a_png_of_busbw_by_size(tmp_path: Path) -> None:
 def test_chart_without_matplotlib_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import sys
 
-    from lingjun_slurm.errors import UsageError
-    from lingjun_slurm.nccltests.chart import require_matplotlib
+    from lingjun_slurm.common.errors import UsageError
+    from lingjun_slurm.nodes.nccltests.chart import require_matplotlib
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     with pytest.raises(UsageError, match=r"pip install 'lingjun-slurm\[plot\]'"):
@@ -200,7 +200,7 @@ def test_chart_without_matplotlib_is_a_clear_error(monkeypatch: pytest.MonkeyPat
 
 def test_rich_output_has_the_same_content(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("rich")
-    from lingjun_slurm.nccltests.report import print_rich
+    from lingjun_slurm.cli.nccltest import print_rich
 
     [out] = load_file(LocalTransport(), str(FIXTURES / "h100_a3mega_all_reduce.txt"))
     report = build([out], title="rich run", expected=None, references=[parse_expect("all_reduce=400")],

@@ -7,8 +7,8 @@ from typing import Iterable, Optional, Sequence
 
 import pytest
 
-from lingjun_slurm.errors import CommandError, LingjunError, SubmitError
-from lingjun_slurm.nccltests.run import Job, Waiter, submit_all
+from lingjun_slurm.common.errors import CommandError, LingjunError, SubmitError
+from lingjun_slurm.nodes.nccltests.run import Job, Waiter, submit_all
 from lingjun_slurm.slurm.client import SlurmCLI
 from lingjun_slurm.slurm.parse import JobInfo
 from lingjun_slurm.transport import LocalTransport

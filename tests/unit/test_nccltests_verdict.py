@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 from lingjun_slurm import network
-from lingjun_slurm.nccltests.parse import NcclTestResult, RankInfo, Row, parse_text
-from lingjun_slurm.nccltests.sizes import human_size, nccl_size, parse_size
-from lingjun_slurm.nccltests.verdict import (FAIL, NONE, PASS, Shape, busbw_value, judge, observed_shape, op_of,
-                                             parse_expect, profile_references)
+from lingjun_slurm.nodes.nccltests.parse import NcclTestResult, RankInfo, Row, parse_text
+from lingjun_slurm.nodes.nccltests.sizes import human_size, nccl_size, parse_size
+from lingjun_slurm.nodes.nccltests.parse import op_of
+from lingjun_slurm.nodes.nccltests.verdict import (FAIL, NONE, PASS, Shape, busbw_value, judge, observed_shape,
+                                                   parse_expect, profile_references)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nccl"
 GIB16 = 16 << 30

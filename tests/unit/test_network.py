@@ -9,7 +9,7 @@ import pytest
 
 from lingjun_slurm import network
 from tests.unit.clirun import run_cli
-from lingjun_slurm.errors import UsageError
+from lingjun_slurm.common.errors import UsageError
 
 # Seeds 000/001 (Alibaba PAI, "RDMA: high-performance networks for distributed training"):
 # the preset for Lingjun instance types, in the documented order.

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from lingjun_slurm import clusterinit_gen, network
-from lingjun_slurm.cli import main
+from lingjun_slurm.nodes import clusterinit_gen
+from lingjun_slurm import network
+from lingjun_slurm.cli.main import main
 from tests.conftest import render_scenario, scenario_files
 
 REPO = Path(__file__).resolve().parents[2]

@@ -167,7 +167,7 @@ def test_a_checkpoint_holds_every_parameter_once(tmp_path: Path) -> None:
 
 def test_the_gpu_table_agrees_with_the_trainers_mfu_table() -> None:
     from lingjun_slurm.gpus import GPUS
-    from lingjun_slurm.train.metrics import peak_tflops
+    from lingjun_slurm.injob.train.metrics import peak_tflops
 
     for gpu in GPUS.values():
         assert peak_tflops("NVIDIA " + gpu.name.split("-")[0]) == gpu.peak_bf16_tflops, gpu.name

@@ -61,7 +61,7 @@ def test_cpu_bind_from_the_profile_topology(tmp_path: Path) -> None:
 
 
 def test_cpu_bind_value_and_refusals(tmp_path: Path, capsys) -> None:
-    from lingjun_slurm.cli import main
+    from lingjun_slurm.cli.main import main
 
     plan = build_plan(load_spec(azure_h100(tmp_path, "map_ldom:0,0,0,0,1,1,1,1")).spec)
     assert "--cpu-bind=map_ldom:0,0,0,0,1,1,1,1" in plan.stage("train").launcher
@@ -81,7 +81,7 @@ def test_cpu_bind_value_and_refusals(tmp_path: Path, capsys) -> None:
 
 
 def test_cpu_bind_profile_needs_whole_nodes(tmp_path: Path, capsys) -> None:
-    from lingjun_slurm.cli import main
+    from lingjun_slurm.cli.main import main
 
     spec = azure_h100(tmp_path, "profile")
     spec.write_text(spec.read_text().replace("  exclusive: true\n", ""))
@@ -103,7 +103,7 @@ def test_image_stage_resources_ignore_the_training_defaults(tmp_path: Path) -> N
 
 
 def test_staging_needs_the_shipped_code(tmp_path: Path, capsys) -> None:
-    from lingjun_slurm.cli import main
+    from lingjun_slurm.cli.main import main
 
     path = tmp_path / "spec.yaml"
     path.write_text((REPO / "examples" / "megatron-gpt.yaml").read_text().replace(

@@ -1,4 +1,4 @@
-"""The job pre-flight (lingjun_slurm/preflight): node side on the real H100 sysfs tree
+"""The job pre-flight (lingjun_slurm/injob/preflight): node side on the real H100 sysfs tree
 (tests/fixtures/health/real/sysfs-class-infiniband/gpud-h100-0, the same bytes as
 ../shared/reference/real-samples/health/sysfs/gpud-h100-0, cited in tests/fixtures/health/SOURCES.md)
 with the stand-in nvidia-smi of tests/health/machines.py, "nodes" as processes sharing (or not)
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from lingjun_slurm.preflight import file_name, judge, node
+from lingjun_slurm.injob.preflight import file_name, judge, node
 from tests.health.machines import REPO, Machine, Node, gpud_h100, roce_a100
 
 SHARED_REAL = REPO.parent / "shared" / "reference" / "real-samples" / "health" / "sysfs" / "gpud-h100-0"
@@ -444,7 +444,7 @@ def test_hostile_paths(h100: Node, tmp_path: Path) -> None:
 
 
 def test_the_stage_entry_needs_no_runtime_packages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from lingjun_slurm.stages import __main__ as stages
+    from lingjun_slurm.injob.stages import dispatch as stages
 
     def refuse(*a: Any) -> str:
         raise AssertionError("the runtime package check ran")
@@ -463,7 +463,7 @@ def test_the_stage_entry_needs_no_runtime_packages(tmp_path: Path, monkeypatch: 
 
 
 def test_the_package_imports_only_the_standard_library() -> None:
-    code = ("import sys, lingjun_slurm.preflight.node, lingjun_slurm.preflight.judge, lingjun_slurm.stages.__main__; "
+    code = ("import sys, lingjun_slurm.injob.preflight.node, lingjun_slurm.injob.preflight.judge, lingjun_slurm.injob.stages.dispatch; "
             "bad = [m for m in ('pydantic', 'yaml', 'torch', 'click', 'numpy') if m in sys.modules]; print(bad)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert proc.stdout.strip() == "[]"

@@ -38,9 +38,9 @@ def _requirements(extras: list[str]) -> set[str]:
 
 
 def _report_imports() -> set[str]:
-    """Top-level third-party modules lingjun_slurm/report/ and cli_report.py import."""
+    """Top-level third-party modules lingjun_slurm/report/ and cli/report.py import."""
     found: set[str] = set()
-    for path in [*(REPO / "lingjun_slurm" / "report").glob("*.py"), REPO / "lingjun_slurm" / "cli_report.py"]:
+    for path in [*(REPO / "lingjun_slurm" / "report").glob("*.py"), REPO / "lingjun_slurm" / "cli/report.py"]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 found |= {a.name.split(".")[0] for a in node.names}

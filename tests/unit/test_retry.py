@@ -1,4 +1,4 @@
-"""The requeue decision (lingjun_slurm/retry.py) on real job logs of the test cluster's srun
+"""The requeue decision (lingjun_slurm/injob/host/retry.py) on real job logs of the test cluster's srun
 (Slurm 22.05.8, tests/fixtures/srun_exits/SOURCES.md) and on each rule alone."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from lingjun_slurm.crashlog import blame
-from lingjun_slurm.retry import decide, main
+from lingjun_slurm.injob.host.crashlog import blame
+from lingjun_slurm.injob.host.retry import decide, main
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "srun_exits"
 
@@ -109,7 +109,7 @@ def test_the_trainers_own_cause_stays_first_in_the_note(tmp_path: Path, capsys: 
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """The trainer said why it stopped (a checkpoint from a newer megatron-core) in this job's note:
     the stop decision is added after it, never in its place; another job's note is replaced."""
-    from lingjun_slurm import stagenotes
+    from lingjun_slurm.injob.host import stagenotes
 
     run_dir = tmp_path / "run"
     monkeypatch.setenv("SLURM_JOB_ID", "76")
@@ -143,7 +143,7 @@ def test_runs_with_plain_python_and_the_standard_library_only(tmp_path: Path) ->
     """The batch host's python3 runs it with nothing installed (-S: no site-packages, -I: isolated)."""
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.run([sys.executable, "-S", "-c",
-                           f"import sys; sys.path.insert(0, {str(root)!r}); import lingjun_slurm.retry as r; "
+                           f"import sys; sys.path.insert(0, {str(root)!r}); import lingjun_slurm.injob.host.retry as r; "
                            "mods = [m for m in sys.modules if m.split('.')[0] not in sys.stdlib_module_names "
                            "and m.split('.')[0] not in ('lingjun_slurm', '__main__')]; print(mods)"],
                           capture_output=True, text=True, check=True)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.unit.clirun import run_cli
-from lingjun_slurm.errors import SubmitError, TransportError
+from lingjun_slurm.common.errors import SubmitError, TransportError
 from lingjun_slurm.runs.index import RunIndex, entry_for
 from lingjun_slurm.runs.manifest import load_manifest
 from lingjun_slurm.spec import load_spec

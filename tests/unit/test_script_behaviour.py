@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from lingjun_slurm.cli import main
+from lingjun_slurm.cli.main import main
 from tests.conftest import REPO
 from tests.unit.test_hostile import fake_image_record
 

@@ -1,4 +1,4 @@
-"""Stack dumps on SIGUSR2 (lingjun_slurm.stacks) and pyrun, which runs a script as python3 does."""
+"""Stack dumps on SIGUSR2 (lingjun_slurm.injob.stacks) and pyrun, which runs a script as python3 does."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lingjun_slurm import stacks
+from lingjun_slurm.injob import stacks
 from tests.conftest import REPO
 
 
@@ -40,7 +40,7 @@ def wait_grown(path: Path, size: int, timeout: float = 10.0) -> str:
 SLEEPER = """
 import os, signal, sys, threading, time
 {pre}
-from lingjun_slurm import stacks
+from lingjun_slurm.injob import stacks
 print(stacks.install(), flush=True)
 def a_named_function_that_sleeps():
     open(sys.argv[1], "w").close()
@@ -107,7 +107,7 @@ def test_an_unwritable_directory_is_one_warning(tmp_path: Path, capsys) -> None:
 
 
 def test_file_names_parse_back() -> None:
-    from lingjun_slurm.watchdog import parse_stacks_name
+    from lingjun_slurm.injob.host.watchdog import parse_stacks_name
 
     assert stacks.file_name("node/1 a", "12", 99) == "node_1_a-rank12-pid99.txt"
     assert parse_stacks_name("/x/" + stacks.file_name("gpu-a-01", "12", 99)) == {"node": "gpu-a-01", "rank": 12,
@@ -132,7 +132,7 @@ if code:
 def run_both(tmp_path: Path, script: str, *args: str) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
     plain = subprocess.run([sys.executable, script, *args], cwd=tmp_path, env=env(), capture_output=True, text=True,
                            timeout=60)
-    wrapped = subprocess.run([sys.executable, "-m", "lingjun_slurm.pyrun", script, *args], cwd=tmp_path, env=env(),
+    wrapped = subprocess.run([sys.executable, "-m", "lingjun_slurm.injob.pyrun", script, *args], cwd=tmp_path, env=env(),
                              capture_output=True, text=True, timeout=60)
     return plain, wrapped
 
@@ -169,7 +169,7 @@ def test_pyrun_installs_the_dump_before_the_script(tmp_path: Path) -> None:
         "import sys, time\ndef pretrain_stuck_in_allreduce():\n"
         "    open(sys.argv[1], 'w').close()\n    time.sleep(60)\npretrain_stuck_in_allreduce()\n")
     d = tmp_path / "stacks"
-    p = subprocess.Popen([sys.executable, "-m", "lingjun_slurm.pyrun", "hung.py", str(tmp_path / "ready")],
+    p = subprocess.Popen([sys.executable, "-m", "lingjun_slurm.injob.pyrun", "hung.py", str(tmp_path / "ready")],
                          cwd=tmp_path, env=env(LINGJUN_STACKS_DIR=str(d), SLURM_PROCID="3"))
     try:
         wait_for(tmp_path / "ready")

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from lingjun_slurm import stagenotes, status
-from lingjun_slurm.train import resume
+from lingjun_slurm.injob.host import stagenotes
+from lingjun_slurm import status
+from lingjun_slurm.injob.train import resume
 from lingjun_slurm.transport.local import LocalTransport
 
 LINE = "checkpoint iter_0000004 is damaged (file __0_0.distcp truncated); resuming from iter_0000002"

@@ -24,9 +24,9 @@ CHAIN_WORKDIR = "/tmp/lingjun-slurm/command-chain"
 # Never at start-up of these commands: the training stack, SSH, the Slurm C API, numpy.
 HEAVY = ("torch", "megatron", "numpy", "paramiko", "pyslurm")
 # The other commands' modules, which the lazy group imports only when their command is named.
-OTHER_COMMANDS = ("lingjun_slurm.cli_checkpoint", "lingjun_slurm.cli_devcluster", "lingjun_slurm.cli_health",
-                  "lingjun_slurm.cli_image", "lingjun_slurm.cli_nccltest", "lingjun_slurm.devcluster",
-                  "lingjun_slurm.cli_doctor", "lingjun_slurm.doctor")
+OTHER_COMMANDS = ("lingjun_slurm.cli.checkpoint", "lingjun_slurm.cli.devcluster", "lingjun_slurm.cli.health",
+                  "lingjun_slurm.cli.image", "lingjun_slurm.cli.nccltest", "lingjun_slurm.devcluster",
+                  "lingjun_slurm.cli.doctor", "lingjun_slurm.doctor")
 
 # Standard-library modules none of validate, render and status needs: pydantic's plugin loader
 # imported the first four (importlib.metadata), importlib.resources the rest.
@@ -34,7 +34,7 @@ NOT_AT_START = ("importlib.metadata", "email", "zipfile", "csv", "importlib.reso
 
 PROBE = """
 import json, sys
-from lingjun_slurm.cli import main
+from lingjun_slurm.cli.main import main
 try:
     main(json.loads(sys.argv[1]))
 except SystemExit as exc:
@@ -77,7 +77,7 @@ def test_validate_loads_no_renderer_ssh_torch_or_other_commands(env: dict[str, s
     got = probe(["validate", str(EXAMPLE)], env)
     assert loaded(got, HEAVY) == []
     assert loaded(got, ("jinja2", "rich")) == [], "validate renders nothing and prints one line"
-    assert loaded(got, OTHER_COMMANDS + ("lingjun_slurm.cli_runs",)) == []
+    assert loaded(got, OTHER_COMMANDS + ("lingjun_slurm.cli.runs",)) == []
     # pydantic's plugin discovery (cli._no_pydantic_plugin_discovery) and importlib.resources
     # (presets._read_text) are what pulled these in
     assert [m for m in NOT_AT_START if m in got["modules"]] == []
@@ -90,7 +90,7 @@ def test_render_loads_no_ssh_torch_or_other_commands(env: dict[str, str], tmp_pa
     got = probe(["render", str(EXAMPLE), "-o", str(tmp_path / "out")], env)
     assert (tmp_path / "out" / "plan.json").is_file()
     assert loaded(got, HEAVY) == []
-    assert loaded(got, OTHER_COMMANDS + ("lingjun_slurm.cli_runs",)) == []
+    assert loaded(got, OTHER_COMMANDS + ("lingjun_slurm.cli.runs",)) == []
     # jinja2 itself imports tempfile (jinja2 3.1 bccache.py:16), and tempfile shutil
     assert [m for m in NOT_AT_START if m in got["modules"] and m not in ("tempfile", "shutil")] == []
 
@@ -114,7 +114,7 @@ def test_status_of_a_finished_local_run_builds_no_spec_models(env: dict[str, str
     assert [m for m in got["modules"] if m.startswith("lingjun_slurm.spec.") and m != "lingjun_slurm.spec.base"] == []
     assert loaded(got, ("yaml",)) == []
     # manifests are read by runs/manifest.py's strict reader and no cluster is named: no pydantic
-    # (cli.py's stand-in for pydantic.plugin._loader is no pydantic)
+    # (cli/main.py's stand-in for pydantic.plugin._loader is no pydantic)
     assert loaded(got, ("pydantic", "pydantic_core", "lingjun_slurm.clusters")) == ["pydantic.plugin._loader"]
     # transport/local.py uses shutil and atomicfile.py tempfile: those are status's own
     assert [m for m in NOT_AT_START if m in got["modules"] and m not in ("tempfile", "shutil")] == []
@@ -123,11 +123,11 @@ def test_status_of_a_finished_local_run_builds_no_spec_models(env: dict[str, str
 def test_help_lists_every_command_and_each_lazy_name_is_its_command() -> None:
     import click
 
-    from lingjun_slurm import cli as cli_module
-    from lingjun_slurm.cli_runs import COMMANDS
+    from lingjun_slurm.cli import main as cli_module
+    from lingjun_slurm.cli.runs import COMMANDS
 
-    runs = {name for name, where in cli_module.LAZY_COMMANDS.items() if where.startswith("cli_runs:")}
-    assert runs == {c.name for c in COMMANDS}, "a command added to cli_runs.COMMANDS needs a LAZY_COMMANDS entry"
+    runs = {name for name, where in cli_module.LAZY_COMMANDS.items() if where.startswith("runs:")}
+    assert runs == {c.name for c in COMMANDS}, "a command added to cli/runs.py COMMANDS needs a LAZY_COMMANDS entry"
     ctx = click.Context(cli_module.cli)
     names = cli_module.cli.list_commands(ctx)
     assert names == sorted(names) and set(cli_module.LAZY_COMMANDS) <= set(names)
@@ -169,7 +169,7 @@ def counting(self, source, name=None, *args, **kwargs):
     compiled.append(name)
     return original(self, source, name, *args, **kwargs)
 jinja2.Environment.compile = counting
-from lingjun_slurm.cli import main
+from lingjun_slurm.cli.main import main
 try:
     main(json.loads(sys.argv[1]))
 except SystemExit as exc:
@@ -360,7 +360,7 @@ def test_the_user_s_pydantic_disable_plugins_keeps_pydantic_s_own_loader(env: di
 
 
 def test_the_plugin_loader_stand_in_hands_any_other_name_to_pydantic_s_module(env: dict[str, str]) -> None:
-    code = ("import sys, lingjun_slurm.cli as c; c._no_pydantic_plugin_discovery(); "
+    code = ("import sys, lingjun_slurm.cli.main as c; c._no_pydantic_plugin_discovery(); "
             "m = sys.modules['pydantic.plugin._loader']; assert tuple(m.get_plugins()) == (); "
             "assert 'importlib.metadata' not in sys.modules; "
             "print(m.PYDANTIC_ENTRY_POINT_GROUP, sys.modules['pydantic.plugin._loader'] is not m, "

@@ -10,7 +10,7 @@ import io
 import pytest
 from rich.console import Console
 
-from lingjun_slurm import ui
+from lingjun_slurm.cli import ui
 from lingjun_slurm.status import RunStatus, StageStatus
 
 HANG = "NonZeroExitCode; hang: no iteration for 1800 s at iteration 1200"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lingjun_slurm.errors import SlurmUnavailable
+from lingjun_slurm.common.errors import SlurmUnavailable
 from lingjun_slurm.runs.index import RunIndex
 from lingjun_slurm.runs.manifest import ClusterRecord, save_manifest
 from lingjun_slurm.spec import load_spec
@@ -107,7 +107,7 @@ def test_watch_waits_for_slurm_to_answer_again(monkeypatch) -> None:
     """status --watch: a refresh Slurm did not answer is said on stderr and the watch goes on."""
     from click.testing import CliRunner
 
-    from lingjun_slurm import cli_runs
+    from lingjun_slurm.cli import runs as cli_runs
 
     answers = [SlurmUnavailable("login1", "slurm_load_jobs error: Unable to contact slurm controller "
                                 "(connect failure)"), []]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lingjun_slurm.timefmt import parse_time
+from lingjun_slurm.common.timefmt import parse_time
 
 
 def test_the_six_forms() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lingjun_slurm.errors import CommandError, RunNotFound, TransportError
+from lingjun_slurm.common.errors import CommandError, RunNotFound, TransportError
 from lingjun_slurm.runs.index import RunIndex, entry_for
 from lingjun_slurm.runs.logs import array_indices, resolve_pattern
 from lingjun_slurm.transport import LocalTransport

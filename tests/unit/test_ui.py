@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from lingjun_slurm import ui
+from lingjun_slurm.cli import ui
 from lingjun_slurm.status import RunStatus, StageStatus, format_table
 from tests.integration.helpers import PY, chain_spec, cli, submitted_run_id
 
@@ -71,7 +71,7 @@ def test_rich_only_on_a_terminal_without_no_color_and_not_dumb() -> None:
 
 
 def test_plain_commands_never_import_rich(tmp_path: Path) -> None:
-    code = ("import sys; from lingjun_slurm import ui; import lingjun_slurm.cli; "
+    code = ("import sys; from lingjun_slurm.cli import ui; import lingjun_slurm.cli.main; "
             "assert 'rich' not in sys.modules, 'rich imported'; print('ok')")
     proc = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout == "ok\n", proc.stderr

@@ -162,7 +162,7 @@ def test_submit_from_stdin_stores_the_bytes_read(tmp_path: Path) -> None:
 
 
 def test_stdin_is_bounded_by_the_1_mib_limit(tmp_path: Path) -> None:
-    proc = subprocess.run(f"yes '# padding' | {PY} -m lingjun_slurm.cli validate -", shell=True,
+    proc = subprocess.run(f"yes '# padding' | {PY} -m lingjun_slurm.cli.main validate -", shell=True,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.splitlines()[-1] == f"  <stdin>: <root>: more than {MAX_BYTES} bytes (1 MiB): a spec is a few KB"
@@ -170,10 +170,10 @@ def test_stdin_is_bounded_by_the_1_mib_limit(tmp_path: Path) -> None:
 
 def test_a_spec_from_process_substitution_and_a_named_fifo(tmp_path: Path) -> None:
     spec = write_spec(tmp_path, str(tmp_path / "w"))
-    proc = subprocess.run(["bash", "-c", f'{PY} -m lingjun_slurm.cli validate <(cat "$1")', "-", str(spec)],
+    proc = subprocess.run(["bash", "-c", f'{PY} -m lingjun_slurm.cli.main validate <(cat "$1")', "-", str(spec)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and ": valid; stages: one -> two" in proc.stdout, proc.stderr
-    proc = subprocess.run(["bash", "-c", f'{PY} -m lingjun_slurm.cli plan <(cat "$1")', "-", str(spec)],
+    proc = subprocess.run(["bash", "-c", f'{PY} -m lingjun_slurm.cli.main plan <(cat "$1")', "-", str(spec)],
                           capture_output=True, text=True, timeout=60)
     assert "Traceback" not in proc.stderr and "is a FIFO" not in proc.stderr, proc.stderr
     fifo = tmp_path / "spec.fifo"
@@ -189,7 +189,7 @@ def test_a_spec_from_process_substitution_and_a_named_fifo(tmp_path: Path) -> No
     thread.join(5)
     assert proc.returncode == 0 and proc.stdout.startswith(f"{fifo}: valid"), proc.stderr
     # an endless writer is cut at the bound, not waited for
-    proc = subprocess.run(["bash", "-c", f"{PY} -m lingjun_slurm.cli validate <(yes '# x')"],
+    proc = subprocess.run(["bash", "-c", f"{PY} -m lingjun_slurm.cli.main validate <(yes '# x')"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "more than 1048576 bytes (1 MiB)" in proc.stderr
 
@@ -309,7 +309,7 @@ def test_an_interrupted_write_leaves_no_run_directory(tmp_path: Path) -> None:
     write_run_dir(LocalTransport(), prep, new=True)  # the same run id is free: nothing half-written took it
     assert sorted(os.listdir(tmp_path / "w" / "runs")) == ["d-1"]
     assert (tmp_path / "w" / "runs" / "d-1" / "spec.yaml").is_file()
-    from lingjun_slurm.errors import UsageError
+    from lingjun_slurm.common.errors import UsageError
     with pytest.raises(UsageError, match="already exists"):
         write_run_dir(LocalTransport(), prep, new=True)
 

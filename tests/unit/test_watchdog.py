@@ -1,4 +1,4 @@
-"""The hang watchdog (lingjun_slurm.watchdog): parsing recorded Megatron-LM output and the builtin
+"""The hang watchdog (lingjun_slurm.injob.host.watchdog): parsing recorded Megatron-LM output and the builtin
 trainer's metrics.jsonl, timeouts and their floor, following a file that moves, and the whole
 hang path with stand-ins and with real processes behind the local launcher."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from lingjun_slurm import watchdog as wd
+from lingjun_slurm.injob.host import watchdog as wd
 from tests.conftest import REPO
 
 LOGS = REPO / "tests" / "fixtures" / "megatron_logs"
@@ -278,7 +278,7 @@ def test_cli_slurm_path_usr2_to_srun_then_sigterm_never_scancel(tmp_path: Path) 
     try:
         time.sleep(0.5)  # its handlers are in place
         env = {**os.environ, "PYTHONPATH": str(REPO), "SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": "1"}
-        r = subprocess.run([sys.executable, "-m", "lingjun_slurm.watchdog", "--format", "builtin",
+        r = subprocess.run([sys.executable, "-m", "lingjun_slurm.injob.host.watchdog", "--format", "builtin",
                             "--progress", str(tmp_path / "metrics.jsonl"), "--timeout", "1", "--startup-timeout", "1",
                             "--log-interval", "10", "--pid", str(srun.pid), "--stacks-dir", str(tmp_path / "st"),
                             "--record", str(tmp_path / "rec" / "hang.json"), "--grace", "0.5", "--poll", "0.1",
@@ -306,7 +306,7 @@ def test_cli_falls_back_to_scancel_when_srun_is_gone(tmp_path: Path) -> None:
 
 def test_cli_exits_quietly_when_the_step_ends(tmp_path: Path) -> None:
     srun = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1)"])
-    r = subprocess.run([sys.executable, "-m", "lingjun_slurm.watchdog", "--format", "megatron", "--progress",
+    r = subprocess.run([sys.executable, "-m", "lingjun_slurm.injob.host.watchdog", "--format", "megatron", "--progress",
                         str(tmp_path / "x"), "--timeout", "30", "--startup-timeout", "30", "--pid", str(srun.pid),
                         "--stacks-dir", str(tmp_path), "--record", str(tmp_path / "r.json"), "--poll", "0.1",
                         "--executor", "local"], env={**os.environ, "PYTHONPATH": str(REPO)},
@@ -319,7 +319,7 @@ def test_cli_exits_quietly_when_the_step_ends(tmp_path: Path) -> None:
 
 HUNG_RANK = """
 import os, sys, time
-from lingjun_slurm import stacks
+from lingjun_slurm.injob import stacks
 stacks.install()
 def hung_rank_sleeping_in_a_collective():
     open(os.path.join(sys.argv[1], "ready-" + os.environ["SLURM_PROCID"]), "w").close()
@@ -342,7 +342,7 @@ def test_hung_ranks_get_their_stacks_dumped_and_the_step_ended(tmp_path: Path) -
         while len(list(ready.iterdir())) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert len(list(ready.iterdir())) == 2, "the ranks did not start"
-        r = subprocess.run([sys.executable, "-m", "lingjun_slurm.watchdog", "--format", "builtin", "--progress",
+        r = subprocess.run([sys.executable, "-m", "lingjun_slurm.injob.host.watchdog", "--format", "builtin", "--progress",
                             str(tmp_path / "metrics.jsonl"), "--timeout", "1", "--startup-timeout", "1", "--pid",
                             str(launcher.pid), "--stacks-dir", str(stacks_dir), "--record", str(tmp_path / "h.json"),
                             "--grace", "10", "--ntasks", "2", "--poll", "0.1", "--executor", "local"],
@@ -364,7 +364,7 @@ def test_hung_ranks_get_their_stacks_dumped_and_the_step_ended(tmp_path: Path) -
 def test_the_probe_reads_each_ranks_process_state_before_any_signal(tmp_path: Path) -> None:
     """Actions.probe (local executor: /proc directly): a stopped rank reads T, a waiting one S,
     one whose process is gone 'gone'; exclusion.stuck_by_state then names only the stopped one's node."""
-    from lingjun_slurm import exclusion
+    from lingjun_slurm.injob.host import exclusion
 
     waiting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     stopped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
@@ -395,7 +395,7 @@ def test_a_term_during_the_hang_handling_waits_for_the_record(tmp_path: Path) ->
     record = tmp_path / "hang.json"
     try:
         time.sleep(0.5)
-        wdog = subprocess.Popen([sys.executable, "-m", "lingjun_slurm.watchdog", "--format", "builtin",
+        wdog = subprocess.Popen([sys.executable, "-m", "lingjun_slurm.injob.host.watchdog", "--format", "builtin",
                                  "--progress", str(tmp_path / "metrics.jsonl"), "--timeout", "1", "--startup-timeout",
                                  "1", "--pid", str(srun.pid), "--stacks-dir", str(tmp_path / "st"), "--record",
                                  str(record), "--grace", "1", "--poll", "0.1", "--executor", "local"],

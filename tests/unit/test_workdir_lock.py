@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from lingjun_slurm import holderlock
-from lingjun_slurm.errors import WorkdirBusy
-from lingjun_slurm.holderlock import Holder, HolderLock, judge, read_holder, slurm_jobs_alive
+from lingjun_slurm.common import holderlock
+from lingjun_slurm.common.errors import WorkdirBusy
+from lingjun_slurm.common.holderlock import Holder, HolderLock, judge, read_holder, slurm_jobs_alive
 from lingjun_slurm.runs.workdir_lock import TransportFiles, WorkdirLock, lock_path
 from lingjun_slurm.transport.local import LocalTransport
 from tests.integration.helpers import PY, chain_spec, cli, submitted_run_id

@@ -58,7 +58,7 @@ lj_health_preflight() {
         lj_config_bad lingjun_slurm.health.enroot_image "expected the name of an enroot container created beforehand or the absolute path of a .sqsh image (not a registry reference)"
     fi
     [ -f "$LJ_SPEC_FILES/health/lingjun-health" ] ||
-        lj_die "missing $LJ_SPEC_FILES/health/lingjun-health: regenerate with python -m lingjun_slurm.clusterinit_gen cluster_init/"
+        lj_die "missing $LJ_SPEC_FILES/health/lingjun-health: regenerate with python -m lingjun_slurm.nodes.clusterinit_gen cluster_init/"
     if lj_health_knows_sku "$LJ_INSTANCE_TYPE"; then
         LJ_SKU=$LJ_INSTANCE_TYPE
     elif lj_health_knows_sku "$LJ_NCCL_PROFILE"; then

@@ -36,7 +36,7 @@ lj_instance_type() {
 # Sets LJ_NCCL_PROFILE (after lj_instance_type); LJ_SKU falls back to the profile.
 lj_nccl_select() {
     local tsv="$LJ_SPEC_FILES/nccl/instance-types.tsv" where=$LJ_INSTANCE_TYPE_SRC
-    [ -f "$tsv" ] || lj_die "missing $tsv: regenerate with python -m lingjun_slurm.clusterinit_gen cluster_init/"
+    [ -f "$tsv" ] || lj_die "missing $tsv: regenerate with python -m lingjun_slurm.nodes.clusterinit_gen cluster_init/"
     LJ_NCCL_PROFILE=$(lj_cfg nccl.profile)
     if [ -n "$LJ_NCCL_PROFILE" ]; then
         [ -f "$LJ_SPEC_FILES/nccl/$LJ_NCCL_PROFILE.conf" ] ||

@@ -1,0 +1,562 @@
+"""The hang watchdog: beside a training step, end it when no new iteration appears for too long.
+
+    python3 -m lingjun_slurm.injob.host.watchdog --format builtin|megatron --progress FILE --timeout S
+        --startup-timeout S --log-interval N --pid SRUN_PID --stacks-dir DIR --record FILE
+        [--grace S] [--ntasks N] [--executor slurm|local] [--job ID] [--poll S] [--floor-factor F]
+        [--scancel PATH] [--run-dir DIR]
+
+Started by the batch script in the background, on the batch host, after srun (its pid is --pid).
+It follows FILE from its current end (what an earlier attempt wrote is only used to learn the
+step time): for --format builtin the train stage's metrics.jsonl ("train" records are
+iterations; "save", "eval", "start", "stop" records are activity), for --format megatron the
+job's stdout log (Megatron-LM's training_log line ' iteration N/ M | ... elapsed time per
+iteration (ms): T |', anywhere in a line so `srun -l` "0: " prefixes and pyxis output do not
+matter; its "saving checkpoint at iteration", "successfully saved checkpoint" and "validation
+... loss at" lines are activity). Activity restarts the clock without being an iteration (a
+checkpoint save or an evaluation can be longer than a step). A file that is missing, truncated
+or replaced (rotated) is waited for and read again from its start.
+
+Timeouts: until the first iteration of this attempt, --startup-timeout (image start, imports,
+checkpoint load, the first step's compilation). After it, the larger of --timeout and a floor:
+Megatron-LM prints only every --log-interval iterations (training.py training_log: `if
+iteration % args.log_interval == 0 or is_first_iteration`), so the floor is log interval x the
+newest step time seen x --floor-factor (default 3); for the builtin format the interval is 1
+(one record per iteration). When the floor raises --timeout the watchdog says so once on stderr.
+
+On a hang: one line on stderr, the JSON record (below) written to --record, SIGUSR2 to the
+step's tasks (each dumps every thread's Python stack into --stacks-dir, lingjun_slurm.injob.stacks),
+up to --grace seconds for the dumps (less with --ntasks N once N files grew), the record
+rewritten with the stack files, then the step ended, and exit 3. The one line `status` shows as the
+train stage's REASON ("hang: no iteration for 900 s at iteration 1200; the watchdog ended the step")
+goes to <run dir>/stage-notes/train.txt (stagenotes.py) for this job.
+  slurm: SIGUSR2 to srun, which forwards it to the tasks of its step (srun/signals.c), falling back
+         to `scancel --signal=USR2 JOB` (every step but the batch one: job_mgr.c _signal_job
+         KILL_STEPS_ONLY, slurmd req.c _kill_all_active_steps; the extern step too). The step is ended by SIGTERM to srun,
+         which srun turns into SIGKILL for every task ("forcing job termination",
+         srun/signals.c), then SIGKILL to srun if it is still there after --grace. Never
+         `scancel --signal=KILL JOB`: on a running job that cancels the whole job (job_mgr.c
+         job_signal: SIGKILL without KILL_STEPS_ONLY / KILL_JOB_BATCH -> CANCELLED,
+         deallocate_nodes), so the batch script could not requeue.
+  local: SIGUSR2 to the launcher (lingjun_slurm.executors.launch forwards it to its tasks); the
+         launcher's tasks (its child processes and theirs) get SIGKILL, so the launcher exits
+         128+9 like srun; the launcher itself gets SIGKILL if it is still there after --grace.
+
+Record (one JSON object, written atomically, schema 1):
+  {"type": "hang", "schema": 1, "job": "123"|null, "restart": 0, "phase": "startup"|"training",
+   "last_iteration": 1200|null, "last_iteration_time": UNIX|null, "since": UNIX, "detected": UNIX,
+   "idle_s": 901.2, "timeout_s": 900.0, "requested_timeout_s": 900.0, "step_time_s": 1.2|null,
+   "log_interval": 10, "format": "megatron", "progress": FILE, "stacks_dir": DIR,
+   "signal": "scancel --signal=USR2 123", "stacks": [{"path", "node", "rank", "pid", "bytes"}],
+   "states": [{"node", "rank", "pid", "state"}] (read before any signal; see Actions.probe),
+   "step_ended": true}
+Exit status: 0 when --pid ended (the step ended by itself) or on SIGTERM/SIGINT; 3 after a hang
+was handled; 2 on bad arguments. It never signals anything while iterations keep appearing.
+Standard library only: it runs on the batch host, outside the container.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+PREFIX = "lingjun-slurm: watchdog:"
+HANG_EXIT = 3
+SCHEMA = 1
+CHUNK = 1 << 20  # bytes read at a time; what an earlier attempt wrote is calibrated from its last CHUNK
+
+# Megatron-LM training_log (megatron/training/training.py, core_v0.16.1:2033-2041, main d98e8a6:3567-3576):
+#  " [2025-01-01 12:00:00.000000] iteration       10/     500 | consumed samples: ... |
+#   elapsed time per iteration (ms): 1234.5 | ..."
+MEGATRON_ITERATION = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|")
+MEGATRON_STEP_MS = re.compile(r"elapsed time per iteration \(ms\):\s*([0-9]+(?:\.[0-9]*)?)")
+# checkpointing.py save_checkpoint (core_v0.16.1:529, :727) and evaluate_and_print_results (training.py).
+MEGATRON_ACTIVITY = re.compile(r"saving checkpoint at iteration|successfully saved checkpoint|validation\S* loss at ")
+BUILTIN_ACTIVITY = ("save", "eval", "start", "stop")
+STACKS_NAME = re.compile(r"^(?P<node>.+)-rank(?P<rank>\d+|x)-pid(?P<pid>\d+)\.txt$")
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str  # "iteration" | "activity"
+    iteration: Optional[int] = None
+    step_time_s: Optional[float] = None
+
+
+def parse_megatron(line: str) -> Optional[Event]:
+    m = MEGATRON_ITERATION.search(line)
+    if m:
+        t = MEGATRON_STEP_MS.search(line, m.end())
+        return Event("iteration", int(m.group(1)), float(t.group(1)) / 1000.0 if t else None)
+    if MEGATRON_ACTIVITY.search(line):
+        return Event("activity")
+    return None
+
+
+def parse_builtin(line: str) -> Optional[Event]:
+    line = line.strip()
+    if not line.startswith("{"):
+        return None
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(rec, dict):
+        return None
+    kind = rec.get("type")
+    if kind == "train" and isinstance(rec.get("iteration"), int):
+        step = rec.get("step_time_s")
+        ok = isinstance(step, (int, float)) and not isinstance(step, bool) and step == step and step >= 0
+        return Event("iteration", rec["iteration"], float(step) if ok else None)
+    if kind in BUILTIN_ACTIVITY:
+        return Event("activity")
+    return None
+
+
+PARSERS: dict[str, Callable[[str], Optional[Event]]] = {"builtin": parse_builtin, "megatron": parse_megatron}
+
+
+class Follower:
+    """New complete lines of a file that may not exist yet, be truncated, or be replaced."""
+
+    def __init__(self, path: str, from_end: bool = True) -> None:
+        self.path = path
+        self._fh: Any = None
+        self._ino: Optional[tuple[int, int]] = None
+        self._buf = b""
+        self.initial: list[str] = []  # the tail of what was there at start (calibration only)
+        if from_end and self._open():
+            size = os.fstat(self._fh.fileno()).st_size
+            self._fh.seek(max(0, size - CHUNK))
+            *complete, partial = self._fh.read(size - self._fh.tell()).split(b"\n")
+            self.initial = [b.decode("utf-8", "replace") for b in complete[1 if size > CHUNK else 0:]]
+            self._fh.seek(size - len(partial))  # a line being written is read whole, later
+
+    def _open(self) -> bool:
+        try:
+            fh = open(self.path, "rb")
+        except OSError:
+            return False
+        st = os.fstat(fh.fileno())
+        self._close()
+        self._fh, self._ino, self._buf = fh, (st.st_dev, st.st_ino), b""
+        return True
+
+    def _close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+        self._fh = None
+
+    def lines(self) -> list[str]:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return self._drain()  # gone: what the open file still has; wait for a new one
+        if self._fh is None or (st.st_dev, st.st_ino) != self._ino:
+            out = self._drain()  # the rest of the old file, then the new one from its start
+            return out + (self._drain() if self._open() else [])
+        if st.st_size < self._fh.tell():  # truncated in place: read again from its start
+            self._fh.seek(0)
+            self._buf = b""
+        return self._drain()
+
+    def _drain(self) -> list[str]:
+        if self._fh is None:
+            return []
+        out: list[str] = []
+        while True:
+            try:
+                data = self._fh.read(CHUNK)
+            except OSError:
+                break
+            if not data:
+                break
+            self._buf += data
+            *complete, self._buf = self._buf.split(b"\n")
+            out += [b.decode("utf-8", "replace") for b in complete]
+        return out
+
+
+@dataclass
+class State:
+    """What the watchdog knows: pure, driven by feed() and due() with explicit clocks (tests)."""
+
+    timeout: float
+    startup_timeout: float
+    log_interval: int
+    floor_factor: float = 3.0
+    started: float = 0.0  # monotonic
+    last_activity: float = 0.0
+    last_iteration: Optional[int] = None
+    last_iteration_wall: Optional[float] = None
+    step_time_s: Optional[float] = None
+    raised_said: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.last_activity = self.started
+
+    def calibrate(self, event: Optional[Event]) -> None:
+        if event is not None and event.step_time_s is not None:
+            self.step_time_s = event.step_time_s
+
+    def feed(self, event: Optional[Event], now: float, wall: float) -> None:
+        if event is None:
+            return
+        self.calibrate(event)
+        self.last_activity = now
+        if event.kind == "iteration":
+            self.last_iteration, self.last_iteration_wall = event.iteration, wall
+
+    @property
+    def phase(self) -> str:
+        return "startup" if self.last_iteration is None else "training"
+
+    def floor(self) -> float:
+        if self.step_time_s is None:
+            return 0.0
+        return self.log_interval * self.step_time_s * self.floor_factor
+
+    def effective_timeout(self) -> float:
+        if self.phase == "startup":
+            return self.startup_timeout
+        floor = self.floor()
+        if floor > self.timeout:
+            if not self.raised_said:
+                self.raised_said = True
+                self.notes.append(
+                    f"{PREFIX} hang timeout raised from {self.timeout:g} s to {floor:.0f} s: progress shows every "
+                    f"{self.log_interval} iteration(s) of {self.step_time_s:.3g} s (x{self.floor_factor:g} margin)")
+            return floor
+        return self.timeout
+
+    def due(self, now: float) -> bool:
+        return now - self.last_activity > self.effective_timeout()
+
+
+def parse_stacks_name(path: str) -> dict[str, Any]:
+    m = STACKS_NAME.match(os.path.basename(path))
+    if not m:
+        return {"node": None, "rank": None, "pid": None}
+    rank = m.group("rank")
+    return {"node": m.group("node"), "rank": int(rank) if rank.isdigit() else None, "pid": int(m.group("pid"))}
+
+
+def stack_sizes(directory: str) -> dict[str, int]:
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return {}
+    out = {}
+    for name in names:
+        if name.endswith(".txt"):
+            try:
+                out[os.path.join(directory, name)] = os.stat(os.path.join(directory, name)).st_size
+            except OSError:
+                pass
+    return out
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"  # a zombie has ended
+    except (OSError, IndexError):
+        return True
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below pid (Linux /proc), children before grandchildren."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                ppid = int(fh.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        parents.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(0), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _kill(pid: int, sig: int) -> bool:
+    try:
+        os.kill(pid, sig)
+        return True
+    except OSError:
+        return False
+
+
+class Actions:
+    """How the step's tasks are signalled and ended; tests pass stand-ins."""
+
+    def __init__(self, executor: str, pid: int, job: Optional[str], scancel: str = "scancel") -> None:
+        self.executor, self.pid, self.job, self.scancel = executor, pid, job, scancel
+
+    def signal_tasks(self) -> str:
+        """SIGUSR2 to every task of the step; says how. srun forwards it to the tasks of its own step
+        (srun/signals.c), and so does the local launcher. `scancel --signal=USR2 JOB` only when srun
+        is gone: it signals every step but the batch one, the extern step too, whose `sleep` dies of
+        it in Slurm 22.05-24.11 (slurmstepd mgr.c), ending pam_slurm_adopt's sessions."""
+        if _kill(self.pid, signal.SIGUSR2):
+            return f"kill -USR2 {self.pid}"
+        if self.executor == "slurm" and self.job:
+            cmd = [self.scancel, "--signal=USR2", self.job]
+            try:
+                if subprocess.run(cmd, timeout=60, stdin=subprocess.DEVNULL).returncode == 0:
+                    return " ".join(cmd)
+            except (OSError, subprocess.SubprocessError) as exc:
+                print(f"{PREFIX} {' '.join(cmd)}: {exc}", file=sys.stderr, flush=True)
+        return "none (the step's launcher is gone)"
+
+    def probe(self, stacks_dir: str) -> list[dict[str, Any]]:
+        """Each rank's process state (Linux /proc/PID/stat: R running, S sleeping, D uninterruptible,
+        T stopped, Z zombie, gone) read on its own node, before anything is signalled: a stopped or
+        uninterruptible rank is the one that holds the others up (a dump cannot always tell: on
+        the test cluster (proctrack/linuxproc) even a SIGSTOPped rank answered SIGUSR2, its stop
+        undone on the way; under proctrack/cgroup only SIGKILL resumes a stopped cgroup). Ranks are the stack files' <node>-rank<R>-pid<P>.txt names;
+        on Slurm one host task per node reads them (`srun --overlap`: beside the hung step)."""
+        paths = sorted(p for p in stack_sizes(stacks_dir) if parse_stacks_name(p)["pid"] is not None)
+        ranks = [(p, parse_stacks_name(p)) for p in paths]
+        if not ranks:
+            return []
+        if self.executor == "slurm" and self.job:
+            script = ('for f in "$1"/"$SLURMD_NODENAME"-rank*-pid*.txt; do [ -e "$f" ] || continue; '
+                      'pid=${f##*-pid}; pid=${pid%.txt}; st=gone; '
+                      'if [ -r "/proc/$pid/stat" ]; then read -r line < "/proc/$pid/stat" || true; '
+                      'rest=${line##*) }; st=${rest%% *}; fi; echo "${f##*/} $st"; done')
+            nodes = sorted({str(r["node"]) for _, r in ranks})
+            # Exactly those nodes, one task each: without --ntasks, 22.05 takes the job's SLURM_NTASKS
+            # and ignores --ntasks-per-node (libsrun/opt.c, 22.05).
+            # --mem=0: under SelectTypeParameters=CR_*_Memory (CycleCloud's CR_Core_Memory) the probe
+            # inherits the batch script's SLURM_MEM_PER_CPU and asks for memory the hung step holds:
+            # "Memory required by task is not available" (seen on the production-like test cluster,
+            # 22.05). Zero is "all available job memory to new job steps" (doc/man/man1/srun.1, --mem).
+            cmd = ["srun", "--overlap", f"--jobid={self.job}", f"--nodelist={','.join(nodes)}",
+                   f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}", "--ntasks-per-node=1", "--time=1",
+                   "--mem=0", "--kill-on-bad-exit=0", "bash", "-c", script, "probe", stacks_dir]
+            states: dict[str, str] = {}
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+                states = dict(line.rsplit(" ", 1) for line in proc.stdout.splitlines() if " " in line)
+            except (OSError, subprocess.SubprocessError) as exc:
+                print(f"{PREFIX} could not read the ranks' states: {exc}", file=sys.stderr, flush=True)
+            return [{**r, "state": states.get(os.path.basename(p))} for p, r in ranks]
+        out = []
+        for _, r in ranks:
+            try:
+                with open(f"/proc/{r['pid']}/stat", "rb") as fh:
+                    state = fh.read().rsplit(b")", 1)[1].split()[0].decode()
+            except (OSError, IndexError):
+                state = "gone"
+            out.append({**r, "state": state})
+        return out
+
+    def end_step(self) -> None:
+        if self.executor == "slurm":
+            _kill(self.pid, signal.SIGTERM)  # srun: SIGKILL to every task of its step
+        else:
+            for child in descendants(self.pid):
+                _kill(child, signal.SIGKILL)
+
+    def force(self) -> None:
+        _kill(self.pid, signal.SIGKILL)
+
+
+@dataclass
+class Options:
+    format: str
+    progress: str
+    timeout: float
+    startup_timeout: float
+    log_interval: int
+    pid: int
+    stacks_dir: str
+    record: str
+    grace: float = 20.0
+    ntasks: Optional[int] = None
+    poll: float = 2.0
+    floor_factor: float = 3.0
+    job: Optional[str] = None
+    restart: int = 0
+    hold_signals: bool = False  # the command: ignore SIGTERM/SIGINT while a hang is being handled
+    run_dir: Optional[str] = None  # the hang's one line for `status` goes to <run_dir>/stage-notes/train.txt
+
+
+def _iso(wall: Optional[float]) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(wall)) if wall is not None else "none"
+
+
+def hang_note(last_iteration: Optional[int], timeout: float) -> str:
+    """The REASON `status` shows for the train stage after a hang (docs/status-reasons.md)."""
+    where = (f"at iteration {last_iteration}" if last_iteration is not None
+             else "since the step started (startup timeout)")
+    return f"hang: no iteration for {timeout:.0f} s {where}; the watchdog ended the step"
+
+
+def note_hang(run_dir: Optional[str], last_iteration: Optional[int], timeout: float) -> None:
+    """<run_dir>/stage-notes/train.txt (lingjun_slurm/injob/host/stagenotes.py) for this job; never fatal."""
+    if not run_dir:
+        return
+    from . import stagenotes
+
+    try:
+        stagenotes.write_note(run_dir, "train", hang_note(last_iteration, timeout))
+    except OSError as exc:
+        print(f"{PREFIX} cannot record the hang for `status` in {run_dir}: {exc}", file=sys.stderr, flush=True)
+
+
+def write_record(path: str, record: dict[str, Any]) -> None:
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(record, fh, indent=1)
+            fh.write("\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        print(f"{PREFIX} cannot write {path}: {exc}", file=sys.stderr, flush=True)
+
+
+def watch(opts: Options, actions: Actions, clock: Callable[[], float] = time.monotonic,
+          sleep: Callable[[float], None] = time.sleep) -> int:
+    parse = PARSERS[opts.format]
+    interval = opts.log_interval if opts.format == "megatron" else 1
+    start_wall = time.time()
+    state = State(opts.timeout, opts.startup_timeout, max(1, interval), opts.floor_factor, started=clock())
+    follower = Follower(opts.progress, from_end=True)
+    for line in follower.initial:
+        state.calibrate(parse(line))
+    while True:
+        now, wall = clock(), time.time()
+        for line in follower.lines():
+            state.feed(parse(line), now, wall)
+        due = state.due(now)
+        for note in state.notes:
+            print(note, file=sys.stderr, flush=True)
+        state.notes.clear()
+        if not pid_alive(opts.pid):
+            return 0
+        if due:
+            return _handle_hang(opts, actions, state, start_wall, clock, sleep)
+        sleep(opts.poll)
+
+
+def _handle_hang(opts: Options, actions: Actions, state: State, start_wall: float,
+                 clock: Callable[[], float], sleep: Callable[[float], None]) -> int:
+    # From here the batch script may see the step end (we end it) and stop us with SIGTERM: the
+    # command (main) finishes the record first (bounded: the probe's 60 s, then twice --grace).
+    if opts.hold_signals:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
+    now, wall = clock(), time.time()
+    idle = now - state.last_activity
+    since = wall - idle
+    timeout = state.effective_timeout()
+    if state.last_iteration is None:
+        last = f"last: none since the start at {_iso(start_wall)}"
+    else:
+        last = f"last: {state.last_iteration} at {_iso(state.last_iteration_wall)}"
+    print(f"{PREFIX} no new iteration for {idle:.0f} s ({last}): collecting stack traces and ending the step",
+          file=sys.stderr, flush=True)
+    note_hang(opts.run_dir, state.last_iteration, timeout)
+    record: dict[str, Any] = {
+        "type": "hang", "schema": SCHEMA, "job": opts.job, "restart": opts.restart, "phase": state.phase,
+        "last_iteration": state.last_iteration,
+        "last_iteration_time": round(state.last_iteration_wall, 3) if state.last_iteration_wall else None,
+        "since": round(since, 3), "detected": round(wall, 3), "idle_s": round(idle, 1),
+        "timeout_s": round(timeout, 1), "requested_timeout_s": opts.startup_timeout if state.phase == "startup"
+        else opts.timeout, "step_time_s": state.step_time_s, "log_interval": opts.log_interval,
+        "format": opts.format, "progress": opts.progress, "stacks_dir": opts.stacks_dir,
+        "signal": None, "stacks": [], "step_ended": False}
+    record["states"] = actions.probe(opts.stacks_dir)
+    write_record(opts.record, record)
+    before = stack_sizes(opts.stacks_dir)
+    record["signal"] = actions.signal_tasks()
+    deadline = clock() + opts.grace
+    grown: dict[str, int] = {}
+    stable_since = clock()
+    while clock() < deadline:
+        sleep(min(opts.poll, 0.5))
+        sizes = stack_sizes(opts.stacks_dir)
+        now_grown = {p: s for p, s in sizes.items() if s > before.get(p, 0)}
+        if now_grown != grown:
+            grown, stable_since = now_grown, clock()
+        if opts.ntasks and len(grown) >= opts.ntasks and clock() - stable_since >= 1.0:
+            break
+    record["stacks"] = [{"path": p, **parse_stacks_name(p), "bytes": s} for p, s in sorted(grown.items())]
+    actions.end_step()
+    end_deadline = clock() + max(opts.grace, 5.0)
+    while pid_alive(opts.pid) and clock() < end_deadline:
+        sleep(0.2)
+    if pid_alive(opts.pid):
+        print(f"{PREFIX} the step did not end after {max(opts.grace, 5.0):g} s: SIGKILL to {opts.pid}",
+              file=sys.stderr, flush=True)
+        actions.force()
+        sleep(0.5)
+    record["step_ended"] = not pid_alive(opts.pid)
+    write_record(opts.record, record)
+    return HANG_EXIT
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0: {text}")
+    return value
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python3 -m lingjun_slurm.injob.host.watchdog", description=__doc__.splitlines()[0])
+    p.add_argument("--format", choices=sorted(PARSERS), required=True)
+    p.add_argument("--progress", required=True, help="metrics.jsonl (builtin) or the job's stdout log (megatron)")
+    p.add_argument("--timeout", type=_positive, required=True, help="seconds without a new iteration")
+    p.add_argument("--startup-timeout", type=_positive, required=True, help="seconds until the first iteration")
+    p.add_argument("--log-interval", type=int, default=1, help="Megatron-LM's --log-interval (builtin: ignored)")
+    p.add_argument("--pid", type=int, required=True, help="srun's (or the local launcher's) pid")
+    p.add_argument("--stacks-dir", required=True)
+    p.add_argument("--record", required=True)
+    p.add_argument("--grace", type=_positive, default=20.0, help="seconds for the stack dumps")
+    p.add_argument("--ntasks", type=int, default=None, help="stop waiting once this many stack files grew")
+    p.add_argument("--executor", choices=("slurm", "local"), default="slurm")
+    p.add_argument("--job", default=os.environ.get("SLURM_JOB_ID") or None)
+    p.add_argument("--poll", type=_positive, default=2.0)
+    p.add_argument("--floor-factor", type=_positive, default=3.0)
+    p.add_argument("--scancel", default="scancel")
+    # The batch prelude's RUN_DIR rule (slurm_templates/partials/prelude.sh.j2): sbatch runs in the
+    # run directory (SLURM_SUBMIT_DIR); the local executor sets LINGJUN_RUN_DIR.
+    p.add_argument("--run-dir", default=os.environ.get("SLURM_SUBMIT_DIR") or os.environ.get("LINGJUN_RUN_DIR") or None,
+                   help="the run directory: the hang's reason for `status` goes to stage-notes/train.txt")
+    a = p.parse_args(argv)
+    if a.log_interval < 1:
+        p.error("--log-interval must be >= 1")
+    restart = os.environ.get("SLURM_RESTART_COUNT", "0")
+    opts = Options(a.format, a.progress, a.timeout, a.startup_timeout, a.log_interval, a.pid, a.stacks_dir,
+                   a.record, a.grace, a.ntasks, a.poll, a.floor_factor, a.job, int(restart) if restart.isdigit() else 0,
+                   hold_signals=True, run_dir=a.run_dir)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: sys.exit(0))  # the batch script stops it (time limit, the step ended)
+    return watch(opts, Actions(a.executor, a.pid, a.job, a.scancel))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

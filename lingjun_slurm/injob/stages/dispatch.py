@@ -1,0 +1,68 @@
+"""The one entry command of every built-in stage (the contract the templates render).
+
+    python3 -m lingjun_slurm.stages preprocess --plan PLAN.json --shard N
+    python3 -m lingjun_slurm.stages merge      --plan PLAN.json
+    python3 -m lingjun_slurm.stages train      --plan PLAN.json
+    python3 -m lingjun_slurm.stages checkpoint --plan PLAN.json
+    python3 -m lingjun_slurm.stages image      --plan PLAN.json   (on the host: stages the image)
+    python3 -m lingjun_slurm.stages preflight  --plan PLAN.json --out DIR   (one task per node)
+    python3 -m lingjun_slurm.stages preflight-judge --plan PLAN.json --out DIR --nodes "n1 n2"
+
+This module validates the contract (arguments, plan schema), checks that the Python running
+it has the packages the stage needs (runtime.py), and hands the plan to the stage's module:
+stages/preprocess.py, merge.py, train.py, checkpoint.py, image.py; the pre-flight's two sides:
+lingjun_slurm/injob/preflight/node.py and judge.py (standard library only: no runtime package check).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .contract import layout_note, load_plan, parse
+from .runtime import check
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    plan = load_plan(args.plan)
+    from lingjun_slurm import __file__ as package_file, __version__
+
+    print(f"lingjun-slurm: {args.stage} stage, lingjun_slurm {__version__} from {os.path.dirname(package_file)}, "
+          f"python {sys.version.split()[0]} ({sys.executable})", flush=True)
+    note = layout_note(plan, __version__)
+    if note:
+        print(note, file=sys.stderr, flush=True)
+    if args.stage == "preflight":
+        from ..preflight import node
+
+        return node.main(plan, args.out)
+    if args.stage == "preflight-judge":
+        from ..preflight import judge
+
+        return judge.main(plan, args.out, args.nodes.split(), args.skew_s)
+    if not os.environ.get("LINGJUN_SKIP_RUNTIME_CHECK"):
+        settings = plan.get("settings") or {}
+        tokenizer = (settings.get("data") or {}).get("tokenizer") or {}
+        problem = check(args.stage, tokenizer.get("type"), (settings.get("checkpoint") or {}).get("copy_to"))
+        if problem:
+            print(problem, file=sys.stderr)
+            return 1
+    if args.stage == "image":
+        from . import image
+
+        return image.main(plan, args.plan)
+    if args.stage == "preprocess":
+        from . import preprocess
+
+        return preprocess.main(plan, args.shard)
+    if args.stage == "merge":
+        from . import merge
+
+        return merge.main(plan)
+    if args.stage == "checkpoint":
+        from . import checkpoint
+
+        return checkpoint.main(plan)
+    from . import train
+
+    return train.main(plan)
