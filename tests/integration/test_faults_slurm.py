@@ -153,3 +153,6 @@ def test_gpus_missing_on_every_node_fail_the_job_in_preflight_without_excluding_
     assert not (run_dir / "nodes" / "excluded.json").exists()
     assert resumes(run_dir) == []  # the trainer never started
     assert "pre-flight failed" in cli("logs", run_id, "train", env=slurm_env).stdout
+    # The cause reaches status: the train stage's note, written by the batch script as it gives up.
+    reason = stages["train"]["reason"] or ""
+    assert reason.startswith("pre-flight failed, not training: ") and " fails on " in reason, stages["train"]

@@ -347,6 +347,46 @@ def late_lines(verdict: dict) -> list:
             if node not in bad and isinstance(after, (int, float))]
 
 
+def failure_note(verdict: dict) -> str:
+    """The train stage's note for `status` when the batch script gives up after a failed pre-flight
+    (slurm_templates/partials/faults.sh.j2: no node left to exclude, no restart left, or a
+    job-wide problem): the first job-wide problem, else the first bad node and its reason."""
+    problems = [p for p in verdict.get("problems") or [] if isinstance(p, str)]
+    bad = {str(n): str(w) for n, w in (verdict.get("bad_nodes") or {}).items()}
+    if problems:
+        text = problems[0] + (f" (+{len(problems) - 1} more problems)" if len(problems) > 1 else "")
+    elif bad:
+        node = sorted(bad)[0]
+        text = f"node {node}: {bad[node]}" + (f" (+{len(bad) - 1} more nodes)" if len(bad) > 1 else "")
+    else:
+        text = "no bad node or problem recorded"
+    return f"pre-flight failed, not training: {text}"
+
+
+def note_main(argv: Optional[List[str]] = None) -> int:
+    """`python3 -m lingjun_slurm.injob.preflight.judge note --verdict FILE --run-dir DIR`: write
+    failure_note of FILE as the train stage's note (best effort, like every stage note: exit 0
+    even when it cannot be written; the job log has the verdict's lines already)."""
+    import argparse
+
+    from lingjun_slurm.injob.host import stagenotes
+
+    parser = argparse.ArgumentParser(prog="python3 -m lingjun_slurm.injob.preflight.judge")
+    parser.add_argument("action", choices=("note",))
+    parser.add_argument("--verdict", required=True, type=Path, help="DIR/verdict.json of the failed pre-flight")
+    parser.add_argument("--run-dir", required=True, help="the run directory (the batch script's $RUN_DIR)")
+    args = parser.parse_args(argv)
+    try:
+        verdict = json.loads(args.verdict.read_text(encoding="utf-8"))
+        if not isinstance(verdict, dict):
+            raise ValueError("not a JSON object")
+        text = failure_note(verdict)
+    except (OSError, ValueError) as exc:
+        text = f"pre-flight failed, not training: cannot read {args.verdict}: {exc}"
+    stagenotes.note_failure(args.run_dir, "train", text)
+    return 0
+
+
 def main(plan: dict, out: Path, nodes: List[str], bound: Optional[float] = None) -> int:
     verdict = judge(plan, out, nodes, bound)
     reports = {}
@@ -368,3 +408,9 @@ def main(plan: dict, out: Path, nodes: List[str], bound: Optional[float] = None)
         print(f"{PREFIX} {len(verdict['nodes'])} nodes passed" + (f" (clocks within {skew:.2f} s)" if skew is not None
                                                                    else ""), flush=True)
     return int(verdict["exit"])
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(note_main())
