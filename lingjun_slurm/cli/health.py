@@ -27,13 +27,15 @@ from ..common.errors import LingjunError
 
 
 def health_argv(config: Optional[Path], sku: Optional[str], no_drain: bool, as_json: bool, node: Optional[str],
-                root: Optional[Path], boot: bool) -> list[str]:
-    """The program's arguments for these options."""
+                root: Optional[Path], boot: bool, level: int = 1) -> list[str]:
+    """The program's arguments for these options (--level only when it is not the default 1)."""
     argv: list[str] = []
     for flag, value in (("--config", config), ("--sku", sku), ("--node", node), ("--root", root)):
         if value is not None:
             argv += [flag, str(value)]
     argv += [flag for flag, on in (("--no-drain", no_drain), ("--json", as_json), ("--boot", boot)) if on]
+    if level != 1:
+        argv += ["--level", str(level)]
     return argv
 
 
@@ -80,11 +82,17 @@ def fresh_install_hints(stdout: str, stderr: str, names: Sequence[str], config_p
 @click.option("--root", type=click.Path(file_okay=False, path_type=Path),
               help="Prefix for every node path read or written (fixture trees in tests).")
 @click.option("--boot", is_flag=True, help="Boot mode: if Slurm cannot be reached, record the failure for later.")
+@click.option("--level", type=click.Choice(["1", "2"]), default="1", show_default=True,
+              help="1: the periodic checks (HealthCheckProgram, 60 s). 2: the deep checks for an idle node "
+                   "(GPU clock throttling, nvbandwidth, all_reduce_perf, ib_write_bw GPUDirect, dcgmi diag -r 2).")
 def health(config: Optional[Path], sku: Optional[str], no_drain: bool, as_json: bool, node: Optional[str],
-           root: Optional[Path], boot: bool) -> None:
+           root: Optional[Path], boot: bool, level: str) -> None:
     """Check this node: GPUs (count, ECC, row remapping, XIDs, Fabric Manager, NVLink, peermem),
     the InfiniBand/RoCE ports NCCL would use, the RoCE v2 GID, the NCCL socket interface, enroot
     and a GPU container; drain it on failure, resume it when it drained it itself.
+
+    --level 2 runs the deep checks instead (minutes; for an idle node: a prolog, a maintenance
+    reservation, an admin); it drains with the reason prefix lingjun-health-l2:.
 
     One line per check (OK|FAIL|SKIP CHECK DETAIL). Exit 0 healthy, 1 a check failed,
     2 bad usage or configuration.
@@ -99,7 +107,7 @@ def health(config: Optional[Path], sku: Optional[str], no_drain: bool, as_json: 
     if bash is None:
         raise LingjunError("bash not found: the node health checks (lingjun-health) are a bash program: "
                            "install bash (e.g. apt-get install bash)")
-    argv = health_argv(config, sku, no_drain, as_json, node, root, boot)
+    argv = health_argv(config, sku, no_drain, as_json, node, root, boot, int(level))
     with pkg.installed_dir() as folder:
         proc = subprocess.run([bash, str(folder / pkg.PROGRAM), *argv], capture_output=True, text=True,
                               stdin=subprocess.DEVNULL)

@@ -347,6 +347,10 @@ if os.environ.get("FAKE_SMI_FAIL"):
 if args == ["-q"]:
     sys.stdout.write((data / "q.txt").read_text())
     sys.exit(int((data / "q.rc").read_text()) if (data / "q.rc").exists() else 0)
+if args == ["--query-compute-apps=pid", "--format=csv,noheader"]:  # level 2's busy-GPU gate
+    apps = data / "apps.txt"
+    sys.stdout.write(apps.read_text() if apps.exists() else "")
+    sys.exit(0)
 if args in (["nvlink", "--status"], ["nvlink", "-s"]):
     sys.stdout.write((data / "nvlink.txt").read_text())
     sys.exit(0)
@@ -641,3 +645,117 @@ def statuses(proc: subprocess.CompletedProcess[str]) -> dict[str, set[str]]:
 
 def is_executable(path: Path) -> bool:
     return bool(path.stat().st_mode & stat.S_IXUSR)
+
+
+# ------------------------------------------------------------------ level 2 (--level 2) stand-ins
+NVB_README_H2D = REAL / "nvbandwidth" / "readme-66746a3-host_to_device_memcpy_ce.txt"
+NVB_README_D2D = REAL / "nvbandwidth" / "readme-66746a3-device_to_device_memcpy_write_ce.txt"
+DCGM_GB10 = REAL / "dcgmi" / "glimmer-burnin-gb10-level2.json"
+IB_CLIENT = FIXTURES / "modelled" / "ib_write_bw-use_cuda-client.txt"
+NCCL_FIXTURES = REPO / "tests" / "fixtures" / "nccl"
+
+# nvbandwidth: for each -t TEST, FAKE_NVB_DIR/TEST.txt; FAKE_SLOW_GPU=k divides column k by 4.
+NVBANDWIDTH = f"""#!{sys.executable}
+import os, sys
+from pathlib import Path
+args = sys.argv[1:]
+with open(os.environ["FAKE_L2_CALLS"], "a") as log:
+    log.write("nvbandwidth " + " ".join(args) + "\\n")
+tests = []
+if "-t" in args:
+    for a in args[args.index("-t") + 1:]:
+        if a.startswith("-"):
+            break
+        tests.append(a)
+slow = os.environ.get("FAKE_SLOW_GPU")
+for t in tests:
+    f = Path(os.environ["FAKE_NVB_DIR"]) / (t + ".txt")
+    if not f.exists():
+        continue
+    for line in f.read_text().splitlines():
+        cells = line.split()
+        if slow is not None and line[:1].isdigit() and len(cells) > 1:
+            k = int(slow) + 1
+            if k < len(cells) and cells[k] != "N/A":
+                cells[k] = "%.2f" % (float(cells[k]) / 4)
+            line = cells[0].ljust(2) + "".join(c.rjust(10) for c in cells[1:])
+        print(line)
+print()
+"""
+
+# all_reduce_perf: prints FAKE_NCCL_OUT, exits FAKE_NCCL_RC (0).
+ALL_REDUCE_PERF = f"""#!{sys.executable}
+import os, sys
+with open(os.environ["FAKE_L2_CALLS"], "a") as log:
+    log.write("all_reduce_perf " + " ".join(sys.argv[1:]) + "\\n")
+sys.stdout.write(open(os.environ["FAKE_NCCL_OUT"]).read())
+sys.exit(int(os.environ.get("FAKE_NCCL_RC", "0")))
+"""
+
+# ib_write_bw (perftest): --help lists --use_cuda (perftest_parameters.c:749-751) unless
+# FAKE_IB_NO_CUDA; a server (no host argument) prints nothing; a client prints the modelled
+# report with BW average 391.22, or 120.55 on the HCA named by FAKE_SLOW_HCA.
+IB_WRITE_BW = f"""#!{sys.executable}
+import os, sys
+args = sys.argv[1:]
+with open(os.environ["FAKE_L2_CALLS"], "a") as log:
+    log.write("ib_write_bw " + " ".join(args) + "\\n")
+if args == ["--help"]:
+    print("Usage:")
+    print("  ib_write_bw            start a server and wait for connection")
+    if not os.environ.get("FAKE_IB_NO_CUDA"):
+        print("      --use_cuda=<cuda device id> Use CUDA specific device for GPUDirect RDMA testing")
+    sys.exit(0)
+if args[-1].startswith("-") or args[-2] in ("-d", "-p", "-s", "-x"):
+    sys.exit(0)
+dev = args[args.index("-d") + 1]
+text = open({str(IB_CLIENT)!r}).read()
+if os.environ.get("FAKE_SLOW_HCA") == dev:
+    text = text.replace("391.22", "120.55")
+sys.stdout.write(text)
+"""
+
+# dcgmi: `diag -r 2 -j` prints FAKE_DCGM_OUT; FAKE_DCGM_NOENGINE: dcgmi's message when no host
+# engine answers (NVIDIA/DCGM dcgmi/Command.cpp:74 at 72fa3fe).
+DCGMI = f"""#!{sys.executable}
+import os, sys
+with open(os.environ["FAKE_L2_CALLS"], "a") as log:
+    log.write("dcgmi " + " ".join(sys.argv[1:]) + "\\n")
+if os.environ.get("FAKE_DCGM_NOENGINE"):
+    print("Error: unable to establish a connection to the specified host: localhost")
+    sys.exit(255)
+sys.stdout.write(open(os.environ["FAKE_DCGM_OUT"]).read())
+"""
+
+
+def nvbandwidth_dir(dst: Path) -> Path:
+    """The nvbandwidth stand-in's matrices: host_to_device_memcpy_ce is NVIDIA's README output
+    verbatim (8 GPUs, 26 GB/s); device_to_host_memcpy_ce is that matrix under D2H's title and
+    device_to_device_memcpy_read_ce the README's write_ce matrix (276 GB/s, 0.00 on the diagonal)
+    under read_ce's name: both modelled (tests/fixtures/health/SOURCES.md)."""
+    dst.mkdir(parents=True, exist_ok=True)
+    h2d = NVB_README_H2D.read_text()
+    (dst / "host_to_device_memcpy_ce.txt").write_text(h2d)
+    (dst / "device_to_host_memcpy_ce.txt").write_text(
+        h2d.replace("host_to_device_memcpy_ce", "device_to_host_memcpy_ce").replace("CPU(row) ->", "CPU(row) <-"))
+    (dst / "device_to_device_memcpy_read_ce.txt").write_text(
+        NVB_README_D2D.read_text().replace("device_to_device_memcpy_write_ce", "device_to_device_memcpy_read_ce"))
+    return dst
+
+
+def add_level2(node: Node, tools: tuple[str, ...] = ("nvbandwidth", "all_reduce_perf", "ib_write_bw", "dcgmi"),
+               nccl_out: str = "nccl_tests_290_h100_1node_all_reduce.txt") -> None:
+    """Put level 2's stand-ins in the node's bin/ and their recorded outputs in its environment;
+    the calls are logged to tmp/l2-calls.txt. L2_IB_SERVER_WAIT=0 in a drop-in (no 5 s wait)."""
+    texts = {"nvbandwidth": NVBANDWIDTH, "all_reduce_perf": ALL_REDUCE_PERF, "ib_write_bw": IB_WRITE_BW, "dcgmi": DCGMI}
+    for name in tools:
+        _write(node.bin / name, texts[name], 0o755)
+    node.env.update(FAKE_L2_CALLS=str(node.tmp / "l2-calls.txt"), FAKE_NVB_DIR=str(nvbandwidth_dir(node.tmp / "nvb")),
+                    FAKE_NCCL_OUT=str(NCCL_FIXTURES / nccl_out), FAKE_DCGM_OUT=str(DCGM_GB10))
+    _write(node.root / "etc/lingjun-slurm/health.conf.d/90-l2-test.conf", "L2_IB_SERVER_WAIT=0\n")
+
+
+def l2_calls(node: Node) -> list[str]:
+    f = node.tmp / "l2-calls.txt"
+    return f.read_text().splitlines() if f.exists() else []
+

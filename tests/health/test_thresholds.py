@@ -112,7 +112,8 @@ def test_docs_describe_every_key_and_every_thresholds_file() -> None:
     for name in health.threshold_texts():  # the thresholds files and the XID table
         assert f"`{name}`" in doc, name
     for check in ("gpu-count", "gpu-ecc", "gpu-xid", "gpu-fabric", "gpu-nvlink", "gpu-peermem", "ib-ports",
-                  "roce-gid", "socket-if", "enroot-start", "gpu-container", "enroot-space"):
+                  "roce-gid", "socket-if", "enroot-start", "gpu-container", "enroot-space",
+                  "gpu-throttle", "gpu-bandwidth", "nccl-allreduce", "ib-write-bw", "dcgm-diag"):
         assert f"`{check}`" in doc, check
 
 
@@ -161,3 +162,20 @@ def test_the_xid_tables_azure_column_is_azures_list() -> None:
     assert policies == [["POLICY", "nvidia", "actions", "elapsed", "every-run"],
                         ["POLICY", "azure", "fatal-list", "whole-hours", "once"]]
     assert "0e0a1ac26a64b32ac4dd7632a529638505d3314a" in XID_TABLE and "azure_gpu_xid.nhc" in XID_TABLE
+
+
+# Level 2's single-VM all_reduce floor and size must be the figures the network profile cites
+# for the same SKUs (presets/network_profiles.yaml nccl_tests_reference, nodes: 1).
+@pytest.mark.parametrize("conf_name,profile", [("azure-nd-h100-v5.conf", "azure-nd-h100-v5"),
+                                               ("azure-nd-h200-v5.conf", "azure-nd-h200-v5"),
+                                               ("azure-nd-a100-v4.conf", "azure-nd-a100-v4")])
+def test_level2_allreduce_floor_equals_the_network_profile(conf_name: str, profile: str) -> None:
+    import yaml
+
+    conf = health.parse_conf(health.threshold_texts()[conf_name])
+    data = yaml.safe_load((REPO / "lingjun_slurm" / "presets" / "network_profiles.yaml").read_text())
+    profiles = data.get("profiles", data)
+    refs = [r for r in profiles[profile]["nccl_tests_reference"] if r["op"] == "all_reduce" and r["nodes"] == 1]
+    assert len(refs) == 1, refs
+    assert float(conf["NCCL_ALLREDUCE_MIN_GBPS"]) == float(refs[0]["busbw_gbps"])
+    assert conf["NCCL_ALLREDUCE_SIZE"] == str(refs[0]["size"])
