@@ -73,6 +73,15 @@ def test_cli_passes_level_through() -> None:
     assert health_argv(None, "cpu", True, False, None, None, False) == ["--sku", "cpu", "--no-drain"]
 
 
+def test_json_says_which_level_ran(node: Node) -> None:
+    import json
+
+    deep = json.loads(l2(node, "--json").stdout)
+    assert deep["level"] == 2 and [c["check"] for c in deep["checks"]] == L2_CHECKS, deep
+    plain = json.loads(node.run("--no-drain", "--json").stdout)
+    assert plain["level"] == 1 and "gpu-throttle" not in [c["check"] for c in plain["checks"]], plain
+
+
 # ---------------------------------------------------------------- busy GPUs
 def test_busy_gpus_skip_every_check_and_run_nothing(node: Node) -> None:
     (node.smi_dir / "apps.txt").write_text("4242\n4243\n")
