@@ -14,8 +14,6 @@ from typing import Any, Optional
 
 import click
 
-from ..common.errors import LingjunError
-
 DIR = click.argument("ckpt_dir", metavar="DIR", type=click.Path(path_type=Path))
 
 
@@ -182,17 +180,10 @@ def copy(ckpt_dir: Path, target: str, iteration: Optional[int], workers: Optiona
 
 
 def main(args: Optional[list[str]] = None) -> None:
-    """Run the group on its own: errors print one message, no traceback."""
-    try:
-        checkpoint.main(args=args, prog_name="lingjun-slurm checkpoint", standalone_mode=False)
-    except click.exceptions.Exit as exc:
-        sys.exit(exc.exit_code)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
-    except LingjunError as exc:
-        click.echo(str(exc), err=True)
-        sys.exit(exc.exit_code)
+    """Run the group on its own: errors print one message, no traceback (the CLI's own handling)."""
+    from .main import _run
+
+    _run(checkpoint, args, prog_name="lingjun-slurm checkpoint")
     sys.exit(0)
 
 

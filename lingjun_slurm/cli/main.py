@@ -262,9 +262,12 @@ def nccl_env(profile: Optional[str], instance_type: Optional[str], fmt: str, set
     click.echo(network.render(network.resolve(prof, overrides), fmt), nl=False)
 
 
-def _run(fn: Callable[..., Any], args: Optional[list[str]]) -> None:
+def _run(fn: Callable[..., Any], args: Optional[list[str]], prog_name: str = "lingjun-slurm") -> None:
+    """Run a click command or group: usage errors, LingjunError, Ctrl-C and anything unexpected end
+    in one message and an exit code, never a traceback (the command groups that also run on their
+    own, such as `python -m lingjun_slurm.cli.checkpoint`, come through here too)."""
     try:
-        fn.main(args=args, prog_name="lingjun-slurm", standalone_mode=False)
+        fn.main(args=args, prog_name=prog_name, standalone_mode=False)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
