@@ -177,6 +177,54 @@ def copy_checkpoint(ckpt_dir: Path | str, target: str, iteration: int | None = N
     with _target_errors(target, "write to it"):
         if local:
             fs.makedirs(root, exist_ok=True)
+        with _target_lock(root if local else None, src):
+            return _copy_locked(fs, root, local, target, src, dest, name, manifest, report, workers)
+
+
+# The lock a chain with a train or checkpoint stage holds on its checkpoint directory while it runs
+# (runs/workdir_lock.py CKPT_LOCK_NAME; tests/checkpoint/test_copy_lock.py keeps the two equal).
+LOCK_NAME = "checkpoint.lock"
+
+
+def _squeue(argv: list[str]) -> tuple[int, str]:
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SQUEUE_")}
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return 1, str(exc)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+@contextmanager
+def _target_lock(root: str | None, src: str) -> Iterator[None]:
+    """Hold <target>/checkpoint.lock while copying into a local directory: a chain training into it
+    (or a second copy) would move its tracker while this copy moves it too. A live holder refuses
+    the copy, naming it (a chain's jobs are judged with one squeue; a holder that cannot be judged,
+    e.g. slurmctld unreachable, counts as live). Remote targets (s3://...) have no such lock."""
+    if root is None:
+        yield
+        return
+    from lingjun_slurm.common.holderlock import HolderLock, LockHeld, slurm_job_alive, slurm_jobs_alive
+
+    lock = HolderLock(posixpath.join(root, LOCK_NAME), purpose=f"lingjun-slurm checkpoint copy of {src}",
+                      job_alive=lambda job: slurm_job_alive(job, _squeue),
+                      jobs_alive=lambda jobs: slurm_jobs_alive(jobs, _squeue))
+    try:
+        lock.acquire()
+    except LockHeld as exc:
+        raise CheckpointUsageError(f"copy target {root} is in use: {exc}; copy after it ends, or elsewhere") from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _copy_locked(fs: Any, root: str, local: bool, target: str, src: str, dest: str, name: str,
+                 manifest: dict, report: VerifyReport, workers: int | None) -> CopyResult:
+    with _target_errors(target, "write to it"):
         skipped = _already_there(fs, dest, manifest, workers)
         if not skipped:
             _upload(fs, src, dest, manifest)
