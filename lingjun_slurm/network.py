@@ -44,6 +44,17 @@ class NcclReference:
     nodes: int
     gpus_per_node: int
     source: str
+    gpu: str = ""  # the GPU model it was measured on ("H100"): the smoke test matches torch's device name
+
+
+@dataclass(frozen=True)
+class PortRate:
+    """One network port's line rate (Gb/s) and the ports per node, as the profile's own sources name
+    them: the collective smoke test's cross-node floor (docs/fault-tolerance.md)."""
+
+    gbps: float
+    ports_per_node: int
+    source: str
 
 
 @dataclass(frozen=True)
@@ -71,6 +82,7 @@ class Profile:
     # srun --cpu-bind for the train stage's tasks where the SKU's CPU/GPU topology is published:
     # (tasks per node it is for, value, source); used when training.cpu_bind is "profile".
     cpu_bind: tuple[int, str, str] | None = None
+    port: PortRate | None = None
 
     def env_for(self, scope: str = "jobs") -> tuple[EnvVar, ...]:
         """The profile's variables in a scope (see SCOPES), in order."""
@@ -130,8 +142,11 @@ def profiles() -> dict[str, Profile]:
                       " ".join(str(raw["cpu_bind"]["source"]).split())) if raw.get("cpu_bind") else None,
             nccl_references=tuple(
                 NcclReference(op=r["op"], busbw_gbps=float(r["busbw_gbps"]), size=str(r["size"]), nodes=int(r["nodes"]),
-                              gpus_per_node=int(r["gpus_per_node"]), source=" ".join(str(r["source"]).split()))
+                              gpus_per_node=int(r["gpus_per_node"]), source=" ".join(str(r["source"]).split()),
+                              gpu=str(r.get("gpu") or ""))
                 for r in raw.get("nccl_tests_reference") or ()),
+            port=PortRate(gbps=float(raw["port"]["gbps"]), ports_per_node=int(raw["port"]["ports_per_node"]),
+                          source=" ".join(str(raw["port"]["source"]).split())) if raw.get("port") else None,
         )
     return out
 

@@ -399,7 +399,16 @@ def fault_vars(spec: Spec, res: StageResources, executor: str, launcher: tuple[W
         pre_launcher = ("srun", Shell('--ntasks="${SLURM_JOB_NUM_NODES:-1}"'), "--ntasks-per-node=1",
                         "--kill-on-bad-exit=0", "--time=10", *[w for w in launcher[1:] if not (
                             isinstance(w, str) and w.startswith(("--kill-on-bad-exit", "--cpu-bind")))])
+    # The collective smoke test: the train step's own layout and container flags (its ranks are the
+    # training's ranks), a rank's failure not ending the others (each writes its rank file), and
+    # srun --time (whole minutes, Slurm's unit) past the runner's own deadline as the backstop.
+    collective_timeout = tr.preflight_collective_timeout if preflight else 0
+    coll_launcher: tuple[Word, ...] = ()
+    if collective_timeout:
+        coll_launcher = ("srun", "--kill-on-bad-exit=0", f"--time={-(-collective_timeout // 60) + 1}",
+                         *[w for w in launcher[1:] if not (isinstance(w, str) and w.startswith("--kill-on-bad-exit"))])
     return {"preflight": preflight, "preflight_launcher": pre_launcher, "watchdog": watchdog,
+            "collective": bool(collective_timeout), "collective_launcher": coll_launcher,
             "log": f"{log_dir}/{job_name}-",  # + "$SLURM_JOB_ID.out": the job's output (sbatch --output)
             "exclude_max": tr.exclude_bad_nodes if slurm else 0, "drain": tr.drain_bad_nodes and slurm,
             "need": res.nodes}
@@ -432,7 +441,23 @@ def settings(spec: Spec, cplan: ContainerPlan | None = None) -> dict[str, Any]:
         "training": dump["training"],
         "checkpoint": {**dump["checkpoint"], "dir": checkpoint_dir(spec)},
         "megatron_lm": dump["megatron_lm"],
+        "preflight": preflight_settings(spec),
     }
+
+
+def preflight_settings(spec: Spec) -> dict[str, Any]:
+    """settings.preflight (lingjun_slurm/injob/preflight/__init__.py knobs()): the collective smoke
+    test's bound, the network's floors (the profile's published single-node figures and one port's
+    line rate, each with its source) and the variables the job sets (named when all is slow)."""
+    net = network_env(spec)
+    prof = network.get_profile(net.profile)
+    refs = [{"op": r.op, "busbw_gbps": r.busbw_gbps, "size": r.size, "nodes": r.nodes, "gpus_per_node": r.gpus_per_node,
+             "gpu": r.gpu, "source": r.source} for r in prof.nccl_references if r.gpu]
+    port = ({"gbps": prof.port.gbps, "ports_per_node": prof.port.ports_per_node, "source": prof.port.source}
+            if prof.port else None)
+    return {"collective": {"timeout_s": spec.training.preflight_collective_timeout,
+                           "profile": net.profile, "floors": refs, "port": port,
+                           "network_vars": {v.name: v.value for v in net.vars}}}
 
 
 def build_plan(spec: Spec, *, run_id: str | None = None, spec_sha256: str = "", source: str = "spec.yaml",
@@ -520,7 +545,7 @@ def build_plan(spec: Spec, *, run_id: str | None = None, spec_sha256: str = "", 
                      "image_key": cplan.image_key}
         names = env_names(env, stage_net, kind == "train") + (
             ["LINGJUN_SITE"] if kind != "command" and spec.run.ship_code else []) + (
-            ["LINGJUN_STACKS_DIR", "LINGJUN_NODES"] if kind == "train" else []) + (
+            ["LINGJUN_STACKS_DIR", "LINGJUN_NODES", "LINGJUN_STEPS_FILE"] if kind == "train" else []) + (
             ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] if kind == "train" and res.gpus_per_node and
             spec.training.hang_timeout else [])
         launcher = (_launcher(spec, kind, sorted(names), use_container, cplan, step_cpus(res))

@@ -489,6 +489,15 @@ class TrainingSpec(SpecModel):
                     "checkpoints, clocks); a failed node is excluded and the job requeued. Default: on when the "
                     "train stage has GPUs (docs/fault-tolerance.md).",
     )
+    preflight_collective_timeout: int = Field(
+        default=60, ge=0, le=3600,
+        description="Seconds the pre-flight's collective smoke test may take: all_reduce and all_gather at a few "
+                    "sizes over the whole allocation in the run's image with the job's NCCL environment (gloo on "
+                    "CPUs), judged against the network's published floors and the allocation's own median; a slow "
+                    "node is narrowed down (pairs of nodes) and excluded like any bad node. A hang past this bound "
+                    "fails the smoke test, not the job's time. 0: no collective smoke test "
+                    "(docs/fault-tolerance.md).",
+    )
     hang_timeout: int = Field(
         default=1800, ge=0, le=HANG_MAX,
         description="Seconds without a new iteration after which every rank's Python stacks are collected into the "
@@ -505,6 +514,28 @@ class TrainingSpec(SpecModel):
         description="At most this many nodes excluded from the job's requeues when a failure is attributed to "
                     "them (pre-flight, a hang's stuck rank, a node failure), never so many that the job no longer "
                     "fits its partition; 0: never exclude.",
+    )
+    straggler_action: Literal["off", "log", "exclude", "requeue"] = Field(
+        default="log",
+        description="What the watchdog does with a straggler, a rank whose own step time (compute, without the wait "
+                    "in collectives where the trainer tells them apart) stays above straggler_threshold x the median "
+                    "for straggler_windows windows in a row: log (name it in the job log and `status`), exclude (and "
+                    "exclude its node at the next requeue), requeue (requeue now without its node, when the time "
+                    "saved over the remaining iterations exceeds this run's measured restart cost); off: not "
+                    "measured (docs/fault-tolerance.md).",
+    )
+    straggler_threshold: float = Field(
+        default=1.2, gt=1, le=100,
+        description="A rank is slow in a window when its median step time is above this many times the median of "
+                    "its peers (the ranks of its pipeline stage).",
+    )
+    straggler_windows: int = Field(
+        default=10, ge=1, le=10000,
+        description="Consecutive slow windows before a rank is named a straggler.",
+    )
+    straggler_window_s: int = Field(
+        default=60, ge=1, le=HANG_MAX,
+        description="Length of one straggler window in seconds.",
     )
     drain_bad_nodes: bool = Field(
         default=False,

@@ -117,7 +117,10 @@ HOST_SIDE = {
                                      "preflight-judge` (judge.py; doctor.sbatch.j2 probes `host_py -c 'import "
                                      "lingjun_slurm.injob.preflight.judge'`); doctor.sbatch.j2 with no image: "
                                      "its tasks run `python3 -m lingjun_slurm.stages preflight` (node.py) on the "
-                                     "hosts (lingjun_slurm/doctor.py, ImageChoice.describe)",
+                                     "hosts (lingjun_slurm/doctor.py, ImageChoice.describe); partials/faults.sh.j2: "
+                                     "`host_py -m lingjun_slurm.stages collective-judge` (collective.py)",
+    "lingjun_slurm.nodes.nccltests.bisect": "injob/preflight/collective.py (the collective smoke test's judge, on the "
+                                            "batch host) replays the pairs through its Bisection",
 }
 # Imports of host-side modules into code that does not run on the host: dispatch.main imports a
 # container stage's module only for that stage (preprocess/merge/train/checkpoint.sbatch.j2 start it
@@ -129,6 +132,9 @@ CONTAINER_SIDE = {
     ("lingjun_slurm.injob.stages.dispatch", "lingjun_slurm.injob.stages.merge"),
     ("lingjun_slurm.injob.stages.dispatch", "lingjun_slurm.injob.stages.train"),
     ("lingjun_slurm.injob.stages.dispatch", "lingjun_slurm.injob.stages.checkpoint"),
+    # partials/faults.sh.j2 starts `python3 -m lingjun_slurm.stages collective` with the train step's
+    # srun flags (in the container, torch); only collective-judge runs on the host.
+    ("lingjun_slurm.injob.stages.dispatch", "lingjun_slurm.injob.stages.collective"),
     ("lingjun_slurm.injob.preflight.node", "lingjun_slurm.planner.estimate"),
 }
 

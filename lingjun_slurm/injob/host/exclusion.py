@@ -238,7 +238,9 @@ def add(run_dir: str, job: str, need: int, max_nodes: int, found: List[Dict[str,
 
 
 def from_verdict(path: str) -> List[Dict[str, str]]:
-    """The bad nodes of a pre-flight verdict.json ({"bad_nodes": {node: reason}})."""
+    """The bad nodes of a pre-flight verdict ({"bad_nodes": {node: reason}, "source": ...}): the
+    node judge's verdict.json has no source ("preflight"); the collective smoke test's
+    collective-verdict.json says "preflight-collective" (lingjun_slurm/injob/preflight/collective.py)."""
     try:
         doc = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -246,7 +248,9 @@ def from_verdict(path: str) -> List[Dict[str, str]]:
     bad = doc.get("bad_nodes") if isinstance(doc, dict) else None
     if not isinstance(bad, dict):
         return []
-    return [{"node": str(k), "reason": str(v), "source": "preflight"} for k, v in sorted(bad.items())]
+    source = doc.get("source")
+    source = source if isinstance(source, str) and source.strip() else "preflight"
+    return [{"node": str(k), "reason": str(v), "source": source} for k, v in sorted(bad.items())]
 
 
 def gone(run_dir: str, job: str, nodes: List[str], need: int, max_nodes: int, drain: bool) -> List[str]:

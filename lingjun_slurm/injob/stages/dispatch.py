@@ -7,11 +7,16 @@
     python3 -m lingjun_slurm.stages image      --plan PLAN.json   (on the host: stages the image)
     python3 -m lingjun_slurm.stages preflight  --plan PLAN.json --out DIR   (one task per node)
     python3 -m lingjun_slurm.stages preflight-judge --plan PLAN.json --out DIR --nodes "n1 n2"
+    python3 -m lingjun_slurm.stages collective --plan PLAN.json --out DIR   (every rank, in the container)
+    python3 -m lingjun_slurm.stages collective-judge --plan PLAN.json --out DIR --nodes "n1 n2"   (host)
 
 This module validates the contract (arguments, plan schema), checks that the Python running
 it has the packages the stage needs (runtime.py), and hands the plan to the stage's module:
 stages/preprocess.py, merge.py, train.py, checkpoint.py, image.py; the pre-flight's two sides:
-lingjun_slurm/injob/preflight/node.py and judge.py (standard library only: no runtime package check).
+lingjun_slurm/injob/preflight/node.py and judge.py (standard library only: no runtime package check);
+the collective smoke test's two sides: stages/collective.py (torch, in the container) and
+lingjun_slurm/injob/preflight/collective.py (its judge, standard library only). Their arguments are
+parsed here (collective_args), ahead of contract.parse.
 """
 
 from __future__ import annotations
@@ -22,8 +27,37 @@ import sys
 from .contract import layout_note, load_plan, parse
 from .runtime import check
 
+COLLECTIVE = ("collective", "collective-judge")
+
+
+def collective_args(argv: list[str]):
+    import argparse
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(prog="python3 -m lingjun_slurm.stages")
+    parser.add_argument("stage", choices=COLLECTIVE)
+    parser.add_argument("--plan", required=True, type=Path, help="plan.json written by `lingjun-slurm render`")
+    parser.add_argument("--out", required=True, type=Path, help="the smoke test's directory")
+    parser.add_argument("--nodes", help="collective-judge: the job's nodes, space-separated (expanded)")
+    args = parser.parse_args(argv)
+    if args.stage == "collective-judge" and not (args.nodes or "").split():
+        parser.error("collective-judge needs --nodes \"n1 n2 ...\" (the job's nodes)")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parse(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in COLLECTIVE:
+        cargs = collective_args(argv)
+        cplan = load_plan(cargs.plan)
+        if cargs.stage == "collective-judge":
+            from ..preflight import collective as collective_judge
+
+            return collective_judge.main(cplan, cargs.out, cargs.nodes.split())
+        from . import collective
+
+        return collective.main(cplan, cargs.out)
+    args = parse(argv)
     plan = load_plan(args.plan)
     from lingjun_slurm import __file__ as package_file, __version__
 
