@@ -4,6 +4,20 @@
         --startup-timeout S --log-interval N --pid SRUN_PID --stacks-dir DIR --record FILE
         [--grace S] [--ntasks N] [--executor slurm|local] [--job ID] [--poll S] [--floor-factor F]
         [--scancel PATH] [--run-dir DIR]
+        [--straggler-action off|log|exclude|requeue --straggler-threshold X --straggler-windows N
+         --straggler-window-s S --steps FILE --straggler-record FILE --iterations N --pipeline N
+         --jobs-file FILE --metrics FILE --plan plan.json]
+
+Stragglers (lingjun_slurm/injob/host/straggler.py; docs/fault-tolerance.md "Stragglers"): with
+--straggler-action other than off, every poll also feeds the straggler detector: the builtin
+trainer's per-rank step times (--steps, <run_dir>/steps/<attempt>.jsonl, read from its start) or,
+for --format megatron, the same job log lines (`--timing-log-option all` blocks, `--log-straggler`
+lines). A named straggler is said on stderr, recorded in --straggler-record and left for `status`;
+for `requeue`, when the time it would save beats this run's measured restart cost, the step is
+asked to save and exit as at the time limit (Actions.request_save), and the watchdog stops
+watching for hangs (a save is no hang, as on_time_limit says). --plan gives the detector
+Megatron-LM's parallel sizes, rank order and overlap flags (straggler.layout_from_plan). A detector
+error never stops the hang watchdog.
 
 Started by the batch script in the background, on the batch host, after srun (its pid is --pid).
 It follows FILE from its current end (what an earlier attempt wrote is only used to learn the
@@ -381,6 +395,21 @@ class Actions:
     def force(self) -> None:
         _kill(self.pid, signal.SIGKILL)
 
+    def request_save(self) -> str:
+        """Ask the step's tasks to save a checkpoint and exit, as the batch script's on_time_limit
+        does: `scancel --signal=TERM JOB` on Slurm (every step but the batch one; SIGTERM to srun
+        itself would become SIGKILL for the tasks, srun/signals.c), SIGTERM to the local launcher,
+        which forwards it."""
+        if self.executor == "slurm" and self.job:
+            cmd = [self.scancel, "--signal=TERM", self.job]
+            try:
+                if subprocess.run(cmd, timeout=60, stdin=subprocess.DEVNULL).returncode == 0:
+                    return " ".join(cmd)
+            except (OSError, subprocess.SubprocessError) as exc:
+                print(f"{PREFIX} {' '.join(cmd)}: {exc}", file=sys.stderr, flush=True)
+            return "none: scancel failed"
+        return f"kill -TERM {self.pid}" if _kill(self.pid, signal.SIGTERM) else "none (the launcher is gone)"
+
 
 @dataclass
 class Options:
@@ -400,6 +429,8 @@ class Options:
     restart: int = 0
     hold_signals: bool = False  # the command: ignore SIGTERM/SIGINT while a hang is being handled
     run_dir: Optional[str] = None  # the hang's one line for `status` goes to <run_dir>/stage-notes/train.txt
+    straggler: Any = None  # straggler.Watch, or None (straggler_action off)
+    steps: Optional[str] = None  # the builtin trainer's steps/<attempt>.jsonl
 
 
 def _iso(wall: Optional[float]) -> str:
@@ -446,10 +477,20 @@ def watch(opts: Options, actions: Actions, clock: Callable[[], float] = time.mon
     follower = Follower(opts.progress, from_end=True)
     for line in follower.initial:
         state.calibrate(parse(line))
+    steps = Follower(opts.steps, from_end=False) if opts.straggler is not None and opts.steps else None
     while True:
         now, wall = clock(), time.time()
-        for line in follower.lines():
+        lines = follower.lines()
+        for line in lines:
             state.feed(parse(line), now, wall)
+        if opts.straggler is not None:
+            _poll_straggler(opts, steps.lines() if steps is not None else lines, state.last_iteration)
+            if opts.straggler is not None and opts.straggler.stop_requested:
+                # As on_time_limit does (train.sbatch): a save asked for is no hang; one longer than the
+                # hang timeout would otherwise be taken for one (stacks, the node blamed).
+                print(f"{PREFIX} the straggler action asked the step to save and exit: a save is no hang, "
+                      f"the watchdog stops watching", file=sys.stderr, flush=True)
+                return 0
         due = state.due(now)
         for note in state.notes:
             print(note, file=sys.stderr, flush=True)
@@ -459,6 +500,14 @@ def watch(opts: Options, actions: Actions, clock: Callable[[], float] = time.mon
         if due:
             return _handle_hang(opts, actions, state, start_wall, clock, sleep)
         sleep(opts.poll)
+
+
+def _poll_straggler(opts: Options, lines: list[str], last_iteration: Optional[int]) -> None:
+    try:
+        opts.straggler.poll(lines, last_iteration)
+    except Exception as exc:  # noqa: BLE001 - the detector is extra: the hang watchdog goes on
+        print(f"{PREFIX} straggler detection stopped: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        opts.straggler = None
 
 
 def _handle_hang(opts: Options, actions: Actions, state: State, start_wall: float,
@@ -546,16 +595,51 @@ def main(argv: Optional[list[str]] = None) -> int:
     # run directory (SLURM_SUBMIT_DIR); the local executor sets LINGJUN_RUN_DIR.
     p.add_argument("--run-dir", default=os.environ.get("SLURM_SUBMIT_DIR") or os.environ.get("LINGJUN_RUN_DIR") or None,
                    help="the run directory: the hang's reason for `status` goes to stage-notes/train.txt")
+    p.add_argument("--straggler-action", choices=("off", "log", "exclude", "requeue"), default="off")
+    p.add_argument("--straggler-threshold", type=_positive, default=1.2)
+    p.add_argument("--straggler-windows", type=int, default=10)
+    p.add_argument("--straggler-window-s", type=_positive, default=60.0)
+    p.add_argument("--steps", default=None, help="builtin: the trainer's steps/<attempt>.jsonl")
+    p.add_argument("--straggler-record", default=None, help="stragglers/<attempt>.json")
+    p.add_argument("--iterations", type=int, default=0, help="the run's training iterations (requeue's rule)")
+    p.add_argument("--pipeline", type=int, default=1, help="pipeline parallel size (Megatron-LM's stages)")
+    p.add_argument("--jobs-file", default=None, help="<run_dir>/jobs/<key>: this job's start/end markers")
+    p.add_argument("--metrics", default=None, help="metrics.jsonl: first iterations and save times")
+    p.add_argument("--plan", default=None, help="plan.json: Megatron-LM's parallel sizes, rank order and overlap "
+                   "flags for the straggler detector (settings.parallelism, settings.training.extra_args)")
     a = p.parse_args(argv)
     if a.log_interval < 1:
         p.error("--log-interval must be >= 1")
+    if a.straggler_action != "off" and (not a.straggler_threshold > 1 or a.straggler_windows < 1 or a.pipeline < 1
+                                        or not a.straggler_record):
+        p.error("--straggler-action needs --straggler-threshold > 1, --straggler-windows >= 1, --pipeline >= 1 "
+                "and --straggler-record")
     restart = os.environ.get("SLURM_RESTART_COUNT", "0")
     opts = Options(a.format, a.progress, a.timeout, a.startup_timeout, a.log_interval, a.pid, a.stacks_dir,
                    a.record, a.grace, a.ntasks, a.poll, a.floor_factor, a.job, int(restart) if restart.isdigit() else 0,
                    hold_signals=True, run_dir=a.run_dir)
+    actions = Actions(a.executor, a.pid, a.job, a.scancel)
+    if a.straggler_action != "off":
+        from .straggler import PREFIX as S_PREFIX, Layout, Watch, layout_from_plan
+
+        layout = Layout(pipeline=a.pipeline)
+        if a.plan:
+            try:
+                with open(a.plan, encoding="utf-8") as fh:
+                    layout = layout_from_plan(json.load(fh), a.format, a.pipeline)
+            except (OSError, ValueError) as exc:  # the hang watchdog goes on; say what is not known
+                print(f"{S_PREFIX} cannot read --plan {a.plan}: {exc}: Megatron-LM's flags are unknown, using "
+                      f"--pipeline {a.pipeline} and the default rank order", file=sys.stderr, flush=True)
+        opts.steps = a.steps
+        opts.straggler = Watch(a.straggler_action, a.straggler_threshold, a.straggler_windows, a.straggler_window_s,
+                               a.format, a.straggler_record, a.iterations, a.pipeline, a.run_dir, a.job,
+                               a.jobs_file, a.metrics,
+                               # the local executor has no requeue: a stop there would only end the run
+                               request_stop=actions.request_save if a.executor == "slurm" else None,
+                               layout=layout, world=a.ntasks)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: sys.exit(0))  # the batch script stops it (time limit, the step ended)
-    return watch(opts, Actions(a.executor, a.pid, a.job, a.scancel))
+    return watch(opts, actions)
 
 
 if __name__ == "__main__":

@@ -128,7 +128,8 @@ def run(settings: TrainSettings) -> int:
     tokenizer = data.dataset_tokenizer(settings.data.tokenizer)
 
     from . import metrics, model, optim
-    from .loop import Trainer, _configure_model_hooks, train
+    from . import steptimes
+    from .loop import Trainer, _configure_model_hooks, attach_step_times, train
 
     stop_flag = StopFlag()
     stop_flag.install()  # before the slow setup: a signal during it still ends in a clean save
@@ -181,6 +182,14 @@ def run(settings: TrainSettings) -> int:
         device_name = torch.cuda.get_device_name() if rt.use_cuda else None
         tr = Trainer(settings, rt, ddp, optimizer, scheduler, train_batches, valid_batches, vocab,
                      metrics.flops_per_sample(settings.model, vocab), metrics.peak_tflops(device_name))
+        # Each rank's compute and wait per step for the straggler watchdog, and the LINGJUN_TRAIN_SLOW
+        # test hook (steptimes.py); straggler_action: off measures nothing.
+        if settings.training.straggler_action != "off":
+            tr.steps = steptimes.for_runtime(rt, settings.run_dir, settings.training.log_interval,
+                                             settings.training.straggler_action)
+            attach_step_times(ddp, tr.steps)
+        slow = steptimes.SlowHook(rt.rank, steptimes.node_name())
+        tr.slow = slow if slow.path else None
         if start_iter is not None:
             t0 = time.perf_counter()
             outcome = resume.resume(

@@ -63,6 +63,8 @@ class Trainer:
     flops_per_sample: float
     peak_tflops: float | None
     progress: Progress = field(default_factory=Progress)
+    steps: Any = None  # steptimes.StepTimes: this rank's compute and wait per step (straggler watchdog)
+    slow: Any = None  # steptimes.SlowHook: the LINGJUN_TRAIN_SLOW test hook
 
     @property
     def num_micro(self) -> int:
@@ -97,7 +99,10 @@ class Trainer:
                 total[0] += rep[0].double()
                 total[1] += rep[1].double()
         total[2] = 1.0 if stop else 0.0
-        dist.all_reduce(total)
+        if self.steps is not None:
+            self.steps.timed(dist.all_reduce)(total)  # a wait in a collective (steptimes.py)
+        else:
+            dist.all_reduce(total)
         loss_sum, tokens, stops = total.tolist()
         return (loss_sum / tokens if tokens else float("nan")), int(tokens), stops > 0
 
@@ -105,6 +110,8 @@ class Trainer:
         """One optimizer step; (loss, grad norm, stop on every rank)."""
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
+        if self.slow is not None:
+            self.slow()  # LINGJUN_TRAIN_SLOW: a sleep in this step's compute (test hook, steptimes.py)
         losses = self._run_schedule(self.train_batches, self.progress.consumed_train_samples, forward_only=False)
         ok, grad_norm, _zeros = self.optimizer.step()
         gbs = self.settings.parallel.global_batch
@@ -166,6 +173,17 @@ def _configure_model_hooks(model: Any, optimizer: Any) -> None:
         config.param_sync_func = model.start_param_sync  # Megatron-LM's align_param_gather default
 
 
+def attach_step_times(model: Any, steps: Any) -> None:
+    """Count megatron-core's finalize_model_grads (the data parallel gradient all-reduce, and with
+    overlap_grad_reduce the wait for the bucketed all-reduces: megatron/core/distributed/
+    finalize_model_grads.py) as this step's wait in collectives."""
+    from megatron.core.utils import get_model_config
+
+    config = get_model_config(model)
+    if config.finalize_model_grads_func is not None:
+        config.finalize_model_grads_func = steps.timed(config.finalize_model_grads_func)
+
+
 class _ParamsGathered:
     """With overlap_param_gather the updated parameters are all-gathered lazily, by forward
     pre-hooks; evaluation and checkpoint saves need them complete (Megatron-LM disables the
@@ -200,6 +218,8 @@ def train(tr: Trainer, metrics: Any, stop_flag: StopFlag, stop_at: int | None = 
         lr = _lr(tr.optimizer)
         t0 = time.perf_counter()
         forced = stop_at is not None and tr.progress.iteration + 1 >= stop_at
+        if tr.steps is not None:
+            tr.steps.begin()
         loss, grad_norm, stop = tr.train_step(stop_flag.set or forced)
         if rt.use_cuda:
             import torch
@@ -207,6 +227,8 @@ def train(tr: Trainer, metrics: Any, stop_flag: StopFlag, stop_at: int | None = 
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
         it = tr.progress.iteration
+        if tr.steps is not None:
+            tr.steps.end(it)  # every log interval: one gathered line from rank 0 (steptimes.py)
         if not math.isfinite(loss):
             raise TrainError(f"loss is {loss} at iteration {it}: stopping without saving "
                              f"(resume from the last checkpoint with a lower lr or a different seed)")

@@ -73,6 +73,7 @@ class TrainingSettings:
     log_interval: int = 10
     eval_interval: int = 1000
     eval_iters: int = 10
+    straggler_action: str = "log"  # "off": no per-rank step times (steptimes.py)
 
 
 @dataclass(frozen=True)
