@@ -14,6 +14,8 @@ one row per fault:
                  the next attempt resumed from (at most the save interval, 10, is the goal)
   recover_s      from the fault to the first new iteration after the resume (exit1-start: from
                  submit to the run's end)
+  action_s       slow-link and slow-rank: from the fault's onset to the slow node's exclusion
+                 (its entry in the run's nodes/excluded.json)
   x_ref          the train stage's wall time over the reference run's
 
 Faults (each on rank 1 / its node, after the checkpoint at iteration 10):
@@ -28,6 +30,14 @@ Faults (each on rank 1 / its node, after the checkpoint at iteration 10):
   exit1-start    a deterministic crash: rank 1 exits 1 at start while rank 0 works (a Megatron-LM
                  pretrain_gpt.py stand-in through the real srun --kill-on-bad-exit, which then
                  exits 143); the job must fail at once, with 0 requeues and the cause in status
+  slow-link      DP=3: the pre-flight's collective smoke test on one node runs at a fifth of its
+                 bandwidth (the stand-in LINGJUN_PREFLIGHT_SLOW: every test node is 127.0.0.1, so
+                 `tc` could only slow all of them at once); the node must be named and excluded
+                 before any training (onset: the train job's first start)
+  slow-rank      DP=3: after the checkpoint at iteration 10, one rank's steps are slowed by a sleep
+                 in its compute (the stand-in LINGJUN_TRAIN_SLOW, written at the onset); with
+                 straggler_action: requeue the watchdog must name it, and the job be requeued
+                 without its node
 
 Needs root (the dev cluster, tmpfs), Slurm, munge. Writes only under a temporary directory
 (removed unless --keep). Not a test: nothing here has a threshold; tests/integration/
@@ -54,11 +64,12 @@ sys.path.insert(0, str(REPO))
 
 from lingjun_slurm.devcluster import DevCluster, DevClusterConfig  # noqa: E402
 from tests.integration.faults import (first_train_after, flip_byte, last_iteration, lose_node,  # noqa: E402
-                                      megatron_standin_spec, resumes, tracker, train_spec, wait_for_rank,
-                                      wait_until)
+                                      megatron_standin_spec, records, resumes, tracker, train_spec,
+                                      wait_for_rank, wait_until)
 
 ITERATIONS, SAVE = 40, 10
-FAULTS = ("sigkill", "sigstop", "node-lost", "ckpt-flip", "disk-full", "ctld-submit", "ctld-status", "exit1-start")
+FAULTS = ("sigkill", "sigstop", "node-lost", "ckpt-flip", "disk-full", "ctld-submit", "ctld-status", "exit1-start",
+          "slow-link", "slow-rank")
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
          "PREEMPTED"}
 
@@ -71,6 +82,7 @@ class Row:
     recover_s: Optional[float]
     wall_s: Optional[float]
     note: str = ""
+    action_s: Optional[float] = None
 
 
 class Bench:
@@ -295,6 +307,76 @@ class Bench:
         return Row("exit1-start", "failed at once" if ok else f"no ({train.get('state')})", None,
                    round(time.time() - t, 1), wall, f"restarts {train.get('restarts')}; {train.get('reason')}")
 
+    def excluded(self, run_dir: Path) -> list[dict[str, Any]]:
+        """The run's exclusion entries (lingjun_slurm/injob/host/exclusion.py RECORD)."""
+        try:
+            return json.loads((run_dir / "nodes" / "excluded.json").read_text())["nodes"]
+        except (OSError, ValueError, KeyError):
+            return []
+
+    def first_start(self, run_dir: Path) -> Optional[float]:
+        """The train job's first `start` marker (jobs/<id>)."""
+        manifest = json.loads((run_dir / "manifest.json").read_text())
+        job = next(s for s in manifest["stages"] if s["name"] == "train")["job_ids"][0]
+        try:
+            lines = [x.split() for x in (run_dir / "jobs" / job).read_text().splitlines()]
+        except OSError:
+            return None
+        return next((float(x[1]) for x in lines if x and x[0] == "start"), None)
+
+    def slow_link(self) -> Row:
+        """One node's smoke-test bandwidth cut to a fifth: excluded in the pre-flight, nothing trained there."""
+        slow = "node1"  # the first node: Slurm's default selection gives it to the job
+        spec = self.spec("slow-link", nodes=3)
+        run_id, run_dir = self.submit(spec, env={**self.env, "LINGJUN_PREFLIGHT_SLOW": f"{slow}=0.2"})
+        row = self.outcome("slow-link", run_id, run_dir, self.tmp / "slow-link" / "checkpoints", 0, time.time())
+        entries = [e for e in self.excluded(run_dir) if e.get("node") == slow and e.get("excluded")]
+        onset = self.first_start(run_dir)
+        if entries and onset is not None:
+            row.action_s = round(entries[0]["time"] - onset, 1)
+        trained_first = [r for r in resumes(run_dir) if r.get("iteration") == 0]
+        ok = bool(entries) and "collective" in str(entries[0].get("source")) and len(trained_first) == 1
+        if not ok:
+            row.survived = f"no ({row.survived}; {slow} {'excluded' if entries else 'not excluded'})"
+        row.lost = None  # nothing was trained before the exclusion
+        row.recover_s = None
+        row.note = f"{slow} at 0.2x: {entries[0]['reason'] if entries else 'not excluded'}; {row.note}"
+        return row
+
+    def slow_rank(self) -> Row:
+        """One rank slowed after the first checkpoint: named a straggler, requeued without its node."""
+        trigger = self.tmp / "slow-rank-trigger.json"
+        spec = self.spec("slow-rank", nodes=3, extra_training={
+            "straggler_action": "requeue", "straggler_window_s": 2, "straggler_windows": 3,
+            "iterations": 200})
+        run_id, run_dir = self.submit(spec, env={**self.env, "LINGJUN_TRAIN_SLOW": str(trigger)})
+        node, _pid = wait_for_rank(run_dir, 1, SAVE + 1)
+        tmp = trigger.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"node": node, "sleep_s": 0.3}))
+        os.replace(tmp, trigger)  # the onset: the file appears whole
+        at, t = last_iteration(run_dir), time.time()
+        stages = self.wait_ended(run_id, timeout=900)
+        train = stages.get("train", {})
+        entries = [e for e in self.excluded(run_dir) if e.get("node") == node and e.get("excluded")]
+        iterations = json.loads((run_dir / "plan.json").read_text())["settings"]["training"]["iterations"]
+        done = train.get("state") == "COMPLETED" and last_iteration(run_dir) == iterations
+        ok = done and bool(entries) and entries[0].get("source") == "straggler"
+        after = [r for r in resumes(run_dir) if r["time"] > t]
+        lost = None
+        if after:  # the iteration reached before the requeue minus the one the next attempt resumed from
+            before = [r["iteration"] for r in records(run_dir) if r.get("type") == "train" and r["time"] < after[0]["time"]]
+            lost = max(before, default=at) - after[0]["iteration"]
+        first = first_train_after(run_dir, after[0]["time"]) if after else None
+        wall = self.train_wall(run_dir)
+        # 200 iterations, not the reference's 40: over 40 the time saved (29 x 0.3 s) is below the
+        # measured restart cost and the rule rightly does not requeue. So no x_ref; the wall is in the note.
+        return Row("slow-rank", "yes" if ok else f"no ({train.get('state')}; {node} "
+                   f"{'excluded' if entries else 'not excluded'})", lost,
+                   round(first["time"] - t, 1) if first else None, None,
+                   f"{node} +0.3 s/step from iteration {at}; {iterations} iterations, train wall {wall} s; "
+                   f"restarts {train.get('restarts')}; {train.get('reason') or ''}",
+                   action_s=round(entries[0]["time"] - t, 1) if entries else None)
+
     def close(self) -> None:
         for p in self.spawned:
             try:
@@ -305,12 +387,14 @@ class Bench:
 
 
 def table(rows: list[Row], ref: Optional[float]) -> str:
-    out = [f"| {'fault':<16} | {'survived':<16} | {'lost':>4} | {'recover_s':>9} | {'wall_s':>6} | {'x_ref':>5} | note |",
-           f"|{'-' * 18}|{'-' * 18}|{'-' * 6}|{'-' * 11}|{'-' * 8}|{'-' * 7}|------|"]
+    out = [f"| {'fault':<16} | {'survived':<16} | {'lost':>4} | {'recover_s':>9} | {'action_s':>8} | {'wall_s':>6} | "
+           f"{'x_ref':>5} | note |",
+           f"|{'-' * 18}|{'-' * 18}|{'-' * 6}|{'-' * 11}|{'-' * 10}|{'-' * 8}|{'-' * 7}|------|"]
     for r in rows:
         ratio = f"{r.wall_s / ref:.2f}" if r.wall_s and ref else "-"
         out.append(f"| {r.fault:<16} | {r.survived:<16} | {'-' if r.lost is None else r.lost:>4} | "
-                   f"{'-' if r.recover_s is None else r.recover_s:>9} | {'-' if r.wall_s is None else r.wall_s:>6} | "
+                   f"{'-' if r.recover_s is None else r.recover_s:>9} | {'-' if r.action_s is None else r.action_s:>8} | "
+                   f"{'-' if r.wall_s is None else r.wall_s:>6} | "
                    f"{ratio:>5} | {r.note} |")
     return "\n".join(out)
 
@@ -337,7 +421,8 @@ def main() -> int:
             "sigkill": lambda: bench.signal_rank("sigkill", signal.SIGKILL),
             "sigstop": lambda: bench.signal_rank("sigstop", signal.SIGSTOP),
             "node-lost": bench.node_lost, "ckpt-flip": bench.ckpt_flip, "disk-full": bench.disk_full,
-            "ctld-submit": bench.ctld_submit, "ctld-status": bench.ctld_status, "exit1-start": bench.exit1_start}
+            "ctld-submit": bench.ctld_submit, "ctld-status": bench.ctld_status, "exit1-start": bench.exit1_start,
+            "slow-link": bench.slow_link, "slow-rank": bench.slow_rank}
         for name in names:
             try:
                 rows.append(runs[name]())
