@@ -1,16 +1,18 @@
-"""`lingjun-slurm checkpoint verify|list|prune|pin|unpin|copy DIR`: Megatron torch_dist checkpoints.
+"""`lingjun-slurm checkpoint verify|list|prune|pin|unpin|copy|export|import DIR`: Megatron torch_dist checkpoints.
 
 Wired into the main CLI with `cli.add_command(checkpoint)`; `main()` runs the group on its
 own with the same error handling. list, prune, pin and unpin never import torch; verify
-and copy import torch and megatron-core when they run.
+and copy import torch and megatron-core when they run; export and import (Hugging Face, issue 29)
+import lingjun_slurm.injob.checkpoint.hf, torch, megatron-core and transformers only when they run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import click
 
@@ -37,7 +39,7 @@ def _emit(data: dict) -> None:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 def checkpoint() -> None:
-    """Verify, list, prune, pin and copy Megatron torch_dist checkpoints (DIR holds
+    """Verify, list, prune, pin, copy, and export to / import from Hugging Face, Megatron torch_dist checkpoints (DIR holds
     latest_checkpointed_iteration.txt and iter_NNNNNNN/ directories).
 
     Exit codes: 0 ok, 1 refused or damaged, 2 usage (no such directory, unknown URL protocol).
@@ -172,6 +174,167 @@ def copy(ckpt_dir: Path, target: str, iteration: Optional[int], workers: Optiona
     from ..injob.checkpoint.transfer import copy_checkpoint
 
     result = copy_checkpoint(ckpt_dir, target, iteration, workers)
+    if as_json:
+        _emit(result.to_json())
+        return
+    for line in result.lines():
+        click.echo(line)
+
+
+def _hf_package() -> Any:
+    """The Hugging Face conversion package, imported only by export/import (it needs torch,
+    megatron-core, transformers and safetensors)."""
+    import os
+    import warnings
+
+    from ..injob.checkpoint.errors import CheckpointUsageError
+
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # megatron-core's "Apex / TransformerEngine not installed"
+            import megatron.core  # noqa: F401
+            import megatron.core.optimizer  # noqa: F401
+            import megatron.core.models.gpt  # noqa: F401
+            import safetensors  # noqa: F401
+            import torch  # noqa: F401
+            import transformers  # noqa: F401
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError as exc:
+        raise CheckpointUsageError(f"converting checkpoints needs torch, megatron-core, transformers and "
+                                   f"safetensors ({exc}): pip install 'lingjun-slurm[megatron]' transformers "
+                                   "safetensors") from None
+    from ..injob.checkpoint import hf
+
+    return hf
+
+
+@contextlib.contextmanager
+def _no_library_warnings() -> Iterator[None]:
+    """megatron-core's and transformers' UserWarnings (Apex/TE missing, deprecations) off the terminal."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def _spec_model(spec_path: Optional[Path]) -> tuple[Optional[dict], Any, Any]:
+    """(model settings, loaded spec, where(field) -> "SPEC:LINE") of --spec, or (None, None, None)."""
+    if spec_path is None:
+        return None, None, None
+    from ..spec.load import load_spec
+    from ..spec.resolve import resolve_model
+
+    loaded = load_spec(spec_path)
+    model = resolve_model(loaded.spec)
+
+    def where(field: str) -> str:
+        line = loaded.doc.line_of(("model", field))
+        return f"{loaded.source}:{line}" if line else str(loaded.source)
+
+    return model, loaded, where
+
+
+def _max_shard(text: str) -> int:
+    from ..injob.checkpoint.errors import CheckpointUsageError
+
+    units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+    t = text.strip().upper()
+    num = t.rstrip("KMGIB")
+    try:
+        value = float(num) * units[t[len(num):]]
+    except (ValueError, KeyError):
+        raise CheckpointUsageError(f"--max-shard-size {text!r}: a size such as 5GB, 500MB or 2GiB") from None
+    if value < 1:
+        raise CheckpointUsageError(f"--max-shard-size {text!r}: must be positive")
+    return int(value)
+
+
+@checkpoint.command("export")
+@DIR
+@click.option("--to", "fmt", type=click.Choice(["huggingface"]), required=True, help="Output format.")
+@click.argument("out", metavar="OUT", type=click.Path(path_type=Path))
+@ITERATION
+@click.option("--dtype", type=click.Choice(["bf16", "fp32"]), default="bf16", show_default=True,
+              help="Dtype of the written weights.")
+@click.option("--tokenizer", "tokenizer_dir", type=click.Path(path_type=Path),
+              help="The run's Hugging Face tokenizer directory: its files are copied into OUT.")
+@click.option("--spec", "spec_path", type=click.Path(path_type=Path),
+              help="The run's spec: its model settings win over what the checkpoint records.")
+@click.option("--max-shard-size", default="5GB", show_default=True, help="Largest safetensors shard.")
+@click.option("--no-check", is_flag=True, help="Skip the logits comparison of the two models.")
+@click.option("--check-device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="Where the logits comparison runs.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def export_(ckpt_dir: Path, fmt: str, out: Path, iteration: Optional[int], dtype: str, tokenizer_dir: Optional[Path],
+            spec_path: Optional[Path], max_shard_size: str, no_check: bool, check_device: str, as_json: bool) -> None:
+    """Export the latest checkpoint (or --iteration N) of DIR as a Hugging Face model directory OUT
+    (sharded safetensors, config.json, generation_config.json, tokenizer files when given), then
+    compare both models' logits on a fixed batch. OUT appears only after the comparison passed."""
+    model, _loaded, _where = _spec_model(spec_path)
+    shard = _max_shard(max_shard_size)
+    _hf_package()
+    from ..injob.checkpoint.hf.export import export_checkpoint
+
+    with _no_library_warnings():
+        result = export_checkpoint(ckpt_dir, out, iteration=iteration, dtype=dtype, tokenizer_dir=tokenizer_dir,
+                                   model=model, check=not no_check, check_device=check_device, max_shard_bytes=shard)
+    if as_json:
+        _emit(result.to_json())
+        return
+    for line in result.lines():
+        click.echo(line)
+
+
+MODEL_FLAGS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
+               "seq_length")
+
+
+@checkpoint.command("import")
+@click.argument("hf_dir", metavar="HF_DIR", type=click.Path(path_type=Path))
+@click.option("--to", "fmt", type=click.Choice(["megatron"]), required=True, help="Output format.")
+@click.argument("out", metavar="OUT", type=click.Path(path_type=Path))
+@click.option("--spec", "spec_path", type=click.Path(path_type=Path),
+              help="The spec to train with: its model is checked against config.json, its TP/PP used.")
+@click.option("--num-layers", type=click.IntRange(min=1), help="Expected num_layers (checked against config.json).")
+@click.option("--hidden-size", type=click.IntRange(min=1), help="Expected hidden_size.")
+@click.option("--num-attention-heads", type=click.IntRange(min=1), help="Expected num_attention_heads.")
+@click.option("--num-query-groups", type=click.IntRange(min=1), help="Expected num_query_groups.")
+@click.option("--ffn-hidden-size", type=click.IntRange(min=1), help="Expected ffn_hidden_size.")
+@click.option("--seq-length", type=click.IntRange(min=1), help="The training sequence length (recorded in args).")
+@click.option("--tensor", type=click.IntRange(min=1), help="Tensor parallel size (vocabulary padding; default "
+                                                             "the spec's, else 1).")
+@click.option("--pipeline", type=click.IntRange(min=1), help="Pipeline parallel size (default the spec's, else 1).")
+@click.option("--no-check", is_flag=True, help="Skip the logits comparison of the two models.")
+@click.option("--check-device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="Where the logits comparison runs.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def import_(hf_dir: Path, fmt: str, out: Path, spec_path: Optional[Path], tensor: Optional[int],
+            pipeline: Optional[int], no_check: bool, check_device: str, as_json: bool, **flags: Any) -> None:
+    """Convert a Hugging Face model directory (safetensors + config.json; Llama or GPT-2 family) into a
+    Megatron torch_dist checkpoint OUT at iteration 0 (model only: --finetune semantics), then compare
+    both models' logits. The spec's model (or the model flags) is checked against config.json first."""
+    model, loaded, where = _spec_model(spec_path)
+    given = {k: v for k, v in flags.items() if k in MODEL_FLAGS and v is not None}
+    only = None
+    if given:
+        only = None if model is not None else list(given)  # flags alone: check just those fields
+        model = {**(model or {}), **given}
+        if where is None:
+            def where(field: str) -> str:
+                return f"--{field.replace('_', '-')}" if field in given else "the model flags"
+    if loaded is not None:
+        tensor = tensor or loaded.spec.parallelism.tensor
+        pipeline = pipeline or loaded.spec.parallelism.pipeline
+    _hf_package()
+    from ..injob.checkpoint.hf.importer import import_checkpoint
+
+    with _no_library_warnings():
+        result = import_checkpoint(hf_dir, out, model=model, tensor=tensor or 1, pipeline=pipeline or 1,
+                                   check=not no_check, check_device=check_device, where=where, only=only)
     if as_json:
         _emit(result.to_json())
         return
