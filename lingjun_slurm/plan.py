@@ -16,7 +16,7 @@ from .container import host_side, is_squashfs_path, mounts_with_workdir, parse_m
 from .megatron import args as megatron_args
 from .network import EnvVar, NetworkEnv
 from .common.shell import Shell, Word, to_json
-from .spec.models import CommandStage, Resources, Spec, mem_mib
+from .spec.models import CommandStage, Resources, Spec, export_dir, init_dir, init_from_path, mem_mib
 from .spec.resolve import (StageResources, active_builtins, builtin_resources, checkpoint_dir, command_resources,
                            data_prefix, log_dir, output_prefix, resolve_model, stage_order)
 from .common.timefmt import format_time, parse_time
@@ -372,7 +372,13 @@ def _builtin_commands(spec: Spec, kind: str) -> tuple[tuple[tuple[Word, ...], ..
         # watchdog asks for (faulthandler on SIGUSR2) and then runs the script as python would.
         runner: tuple[Word, ...] = (PYTHON, "-m", "lingjun_slurm.injob.pyrun") if (
             spec.run.ship_code and spec.training.hang_timeout) else (PYTHON,)
-        return ((*runner, script, *megatron_args.pretrain_args(spec)),), {}
+        cmd = (*runner, script, *megatron_args.pretrain_args(spec))
+        if spec.training.init_from:
+            # Every task runs the wrapper: rank 0 converts training.init_from once (unless the run's
+            # checkpoint directory already holds a checkpoint), the others wait for it, then each execs
+            # pretrain_gpt.py, which takes it through --pretrained-checkpoint (injob/stages/hfinit.py).
+            cmd = (PYTHON, "-m", "lingjun_slurm.injob.stages.hfinit", "--plan", PLAN_VAR, "--", *cmd)
+        return (cmd,), {}
     return (own,), {}
 
 
@@ -438,11 +444,37 @@ def settings(spec: Spec, cplan: ContainerPlan | None = None) -> dict[str, Any]:
                  "train_prefix": data_prefix(spec) if not spec.stages.train.skip or spec.data.prefix else None},
         "model": resolve_model(spec),
         "parallelism": dump["parallelism"],
-        "training": dump["training"],
-        "checkpoint": {**dump["checkpoint"], "dir": checkpoint_dir(spec)},
+        "training": _training_settings(spec, dump["training"]),
+        "checkpoint": _checkpoint_settings(spec, dump["checkpoint"]),
         "megatron_lm": dump["megatron_lm"],
         "preflight": preflight_settings(spec),
     }
+
+
+def _training_settings(spec: Spec, training: dict[str, Any]) -> dict[str, Any]:
+    """settings.training; with training.init_from also init_dir (where the train stage converts it)
+    and init_hf (the Hugging Face directory). Without it the key is left out, so plans of runs
+    without it stay as they were."""
+    training = dict(training)
+    if training.pop("init_from", None) is not None:
+        training.update({"init_from": spec.training.init_from, "init_hf": init_from_path(spec),
+                         "init_dir": init_dir(spec)})
+    return training
+
+
+def _checkpoint_settings(spec: Spec, ckpt: dict[str, Any]) -> dict[str, Any]:
+    """settings.checkpoint, with export_hf resolved (its dir, the run's Hugging Face tokenizer
+    directory when it has one) and left out when unset."""
+    ckpt = {**ckpt, "dir": checkpoint_dir(spec)}
+    exp = ckpt.pop("export_hf", None)
+    if exp is not None:
+        tok = spec.data.tokenizer
+        tok_dir = None
+        if tok is not None and tok.type == "huggingface" and tok.path:
+            tok_dir = tok.path if not tok.path.endswith(".json") else tok.path.rsplit("/", 1)[0] or "/"
+        ckpt["export_hf"] = {**exp, "dir": export_dir(spec), "tokenizer_dir": tok_dir,
+                             "tokenizer_type": tok.type if tok is not None else None}
+    return ckpt
 
 
 def preflight_settings(spec: Spec) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..common.shell import Shell, Word
-from ..spec.models import Spec, Tokenizer
+from ..spec.models import Spec, Tokenizer, init_dir
 from ..spec.resolve import builtin_resources, checkpoint_dir, data_prefix, resolve_model
 from .versions import Version, has_flag, null_vocab_arg, parse_version, tokenizer_problem
 
@@ -149,6 +149,13 @@ def pretrain_args(spec: Spec) -> list[Word]:
     ckpt = checkpoint_dir(spec)
     args.add("--save", ckpt)
     args.add("--load", ckpt)
+    if tr.init_from:
+        # Megatron-LM loads --pretrained-checkpoint only while --load has no tracker, and then with
+        # finetune semantics (iteration 0, no optimizer or RNG state): load_checkpoint, checkpointing.py
+        # core_v0.16.1:1494-1502 (main d98e8a6 :2498-2506). After the run's first save every start, a
+        # requeue included, resumes from --load. The directory is written before pretrain_gpt.py starts
+        # (lingjun_slurm/injob/stages/hfinit.py).
+        args.add("--pretrained-checkpoint", init_dir(spec))
     args.add("--save-interval", spec.checkpoint.save_interval)
     args.add("--ckpt-format", spec.checkpoint.format)
     args.add("--exit-signal-handler")

@@ -463,6 +463,110 @@ def check_checkpoint(spec: Spec) -> list[Issue]:
     return []
 
 
+def _family_problem(spec: Spec) -> str | None:
+    """Why the run's model has no Hugging Face counterpart here, or None (hf/families.py family_of:
+    Llama or GPT-2 style, each setting reproduced exactly). families imports no torch."""
+    from ..injob.checkpoint.hf import HFUnsupported
+    from ..injob.checkpoint.hf.families import family_of
+
+    try:
+        family_of(resolve_model(spec))
+    except HFUnsupported as exc:
+        return str(exc)
+    except KeyError:  # an unknown preset: check_model names it
+        return None
+    return None
+
+
+def check_hf(spec: Spec) -> list[Issue]:
+    """training.init_from and checkpoint.export_hf (docs/checkpoints.md, "Hugging Face export and import").
+
+    init_from is converted by the train stage before its first iteration and loaded with finetune
+    semantics. With the builtin trainer the train stage itself converts; with Megatron-LM a wrapper
+    (python3 -m lingjun_slurm.injob.stages.hfinit, so lingjun_slurm must be in the tasks: run.ship_code)
+    converts and then runs pretrain_gpt.py with --pretrained-checkpoint, which Megatron-LM reads only while
+    --load holds no checkpoint (megatron/training/checkpointing.py load_checkpoint, core_v0.16.1:1494-1502:
+    `if pretrained_dir is not None and not checkpoint_exists(load_dir): ... args.finetune = True`), so a
+    requeue resumes from the run's own checkpoints. --finetune itself would be wrong here: it would reset
+    every requeue to iteration 0 (checkpointing.py core_v0.16.1:1731, `if args.finetune or release:
+    iteration = 0`)."""
+    issues: list[Issue] = []
+    tr = spec.training
+    if tr.init_from:
+        loc = ("training", "init_from")
+        if spec.stages.train.skip:
+            issues.append(Issue(loc, "init_from is converted and loaded by the train stage, which stages.train.skip "
+                                     "leaves out"))
+        if tr.entrypoint == "megatron-lm" and not spec.run.ship_code:
+            issues.append(Issue(loc, "with entrypoint: megatron-lm the conversion runs lingjun_slurm inside the "
+                                     "training image before pretrain_gpt.py: it needs run.ship_code: true"))
+        if any(str(a).split("=", 1)[0] in ("--finetune", "--pretrained-checkpoint", "--load", "--no-load-optim",
+                                           "--no-load-rng") for a in tr.extra_args):
+            issues.append(Issue(("training", "extra_args"), "with init_from the tool sets how checkpoints load "
+                                                            "(--load, --pretrained-checkpoint); --finetune, "
+                                                            "--no-load-optim and --no-load-rng in extra_args would "
+                                                            "also apply to every requeue's resume"))
+        problem = _family_problem(spec)
+        if problem:
+            issues.append(Issue(loc, f"cannot start from a Hugging Face model: {problem}"))
+    exp = spec.checkpoint.export_hf
+    if exp is not None:
+        loc = ("checkpoint", "export_hf")
+        if spec.stages.checkpoint.skip:
+            issues.append(Issue(loc, "the export runs in the checkpoint stage, which stages.checkpoint.skip leaves "
+                                     "out (or export by hand: lingjun-slurm checkpoint export DIR --to huggingface OUT)"))
+        problem = _family_problem(spec)
+        if problem:
+            issues.append(Issue(loc, f"cannot export to Hugging Face: {problem}"))
+    return issues
+
+
+def check_init_from_config(spec: Spec, runs_here: bool) -> tuple[list[Issue], list[Issue]]:
+    """(errors, warnings): training.init_from's config.json against the spec's model, where this
+    machine can read it (families.shape_mismatches). Each mismatch is placed at the spec's model field
+    when the spec sets it, else at training.init_from. Not readable here: a warning (an error when the
+    chain runs on this machine); the train stage checks it again on the nodes before converting."""
+    import json
+    import os
+
+    from .models import init_from_path
+
+    path = init_from_path(spec)
+    if path is None or spec.stages.train.skip:
+        return [], []
+    loc = ("training", "init_from")
+    cfg_path = os.path.join(path, "config.json")
+    try:
+        with open(cfg_path, encoding="utf-8") as f:
+            cfg = json.load(f)
+    except FileNotFoundError:
+        issue = Issue(loc, f"{cfg_path} does not exist on this machine" + (
+            "" if runs_here else " (it must exist on the cluster's nodes)"))
+        return ([issue], []) if runs_here else ([], [issue])
+    except (OSError, ValueError) as exc:
+        return [Issue(loc, f"cannot read {cfg_path}: {getattr(exc, 'strerror', None) or exc}")], []
+    if not isinstance(cfg, dict):
+        return [Issue(loc, f"{cfg_path} is not a JSON object")], []
+    from ..injob.checkpoint.hf import HFUnsupported
+    from ..injob.checkpoint.hf.families import shape_mismatches
+
+    try:
+        # vocab_size is the tokenizer's (the null tokenizer's count differs from the vocabulary by the eod
+        # across Megatron versions): the train stage compares the padded sizes before converting.
+        model = {k: v for k, v in resolve_model(spec).items() if k != "vocab_size"}
+        mismatches = shape_mismatches(model, cfg)
+    except HFUnsupported as exc:
+        return [Issue(loc, f"{cfg_path}: {exc}")], []
+    except KeyError:
+        return [], []
+    set_here = {k for k, v in spec.model.model_dump(exclude={"preset"}).items() if v is not None}
+    errors = [Issue(("model", field) if field in set_here else loc,
+                    f"{field} is {mine!r} here but {theirs!r} in {cfg_path}: the model must have the Hugging Face "
+                    "model's shape (or leave it out and take the shape from the preset that matches)")
+              for field, mine, theirs in mismatches]
+    return errors, []
+
+
 # Pseudo-filesystems of the kernel, where no run directory can be created (proc(5), sysfs(5)).
 # (/dev is left alone: /dev/shm is a real tmpfs.)
 PSEUDO_FS = ("/proc", "/sys")
@@ -542,7 +646,7 @@ def check_stages(spec: Spec) -> list[Issue]:
 
 RULES: tuple[Rule, ...] = (check_network, check_sbatch, check_container, check_image_stage, check_env,
                            check_megatron_lm, check_data, check_model, check_cpu_bind, check_train_layout,
-                           check_training, check_checkpoint, check_stages, check_workdir)
+                           check_training, check_checkpoint, check_hf, check_stages, check_workdir)
 
 
 def check(spec: Spec) -> list[Issue]:
@@ -614,4 +718,5 @@ def check_local_paths(spec: Spec, runs_here: bool) -> tuple[list[Issue], list[Is
                 missing(("data", "prefix"), f"dataset file {data.prefix + ext!r} does not exist",
                         {c.name for c in st.commands if c.before in ("train",)})
                 break
-    return errors, warnings
+    hf_errors, hf_warnings = check_init_from_config(spec, runs_here)
+    return errors + hf_errors, warnings + hf_warnings

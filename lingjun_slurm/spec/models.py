@@ -194,6 +194,29 @@ def check_time(value: Any) -> int:
     return seconds
 
 
+HF_PREFIX = "hf:"
+
+
+def _init_from(value: str) -> str:
+    """training.init_from: "hf:" and an absolute directory (a Hugging Face model: config.json and
+    safetensors), as the job's tasks see it. Other sources are refused by name, so a later "megatron:"
+    form stays open."""
+    if not value.startswith(HF_PREFIX):
+        head = value.split(":", 1)[0] + ":" if ":" in value[:20] else ""
+        raise ValueError(f"{value[:60]!r} is not a source this tool converts: write hf:/ABSOLUTE/PATH, a Hugging "
+                         f"Face model directory{f' ({head} is not a known prefix)' if head else ''}")
+    path = value[len(HF_PREFIX):]
+    if not path.startswith("/"):
+        raise ValueError(f"{value[:60]!r}: the path after hf: must be absolute (the job's tasks resolve it on the "
+                         "nodes, not from where you submit)")
+    if not path.strip("/"):
+        raise ValueError(f"{value[:60]!r}: / is not a model directory; give the directory with config.json")
+    if "\x00" in path:
+        raise ValueError("a path cannot hold a NUL byte")
+    path_fits(path)
+    return value
+
+
 Bounded = Annotated[str, AfterValidator(_text_fits)]
 Name = Annotated[str, StringConstraints(pattern=NAME_RE)]
 SlurmWord = Annotated[str, StringConstraints(pattern=SLURM_WORD_RE), AfterValidator(_text_fits)]
@@ -204,6 +227,7 @@ Text = Annotated[str, StringConstraints(min_length=1, pattern=r"^[^\x00]*$"), Af
 AbsPath = Annotated[str, StringConstraints(min_length=2, pattern=r"^/[^\x00]*$"), AfterValidator(path_fits)]
 TimeLimit = Union[str, int]
 Memory = Annotated[str, StringConstraints(pattern=r"^[0-9]+[KMGT]?$"), AfterValidator(_mem_fits)]
+InitFrom = Annotated[str, AfterValidator(_init_from)]
 
 
 def _no_items() -> list[Any]:
@@ -551,6 +575,14 @@ class TrainingSpec(SpecModel):
     extra_args: list[Text] = Field(
         default_factory=_no_items, description="More pretrain_gpt.py arguments, passed verbatim (each one quoted)."
     )
+    init_from: Optional[InitFrom] = Field(
+        default=None,
+        description="Start from a Hugging Face model: hf:/ABSOLUTE/DIR (config.json and safetensors, as the nodes "
+                    "see it). Before the first iteration the train stage converts it once to an iteration-0 "
+                    "torch_dist checkpoint for this spec's TP/PP and vocabulary padding (the logits proven equal) and "
+                    "loads it with finetune semantics: iteration 0, no optimizer or RNG state. A requeue resumes "
+                    "from the run's own checkpoints, never from the model again (docs/checkpoints.md).",
+    )
 
 
 class PlanningSpec(SpecModel):
@@ -580,6 +612,18 @@ class PlanningSpec(SpecModel):
                                       description="Tokenizer vocabulary when plan cannot read the tokenizer here.")
 
 
+class ExportHFSpec(SpecModel):
+    """checkpoint.export_hf: the checkpoint stage ends by exporting the latest checkpoint to Hugging Face."""
+
+    dir: Optional[AbsPath] = Field(
+        default=None,
+        description="Where the Hugging Face models go, one directory per exported iteration (iter_NNNNNNN). "
+                    "Default: <workdir>/hf.")
+    dtype: Literal["bf16", "fp32"] = Field(default="bf16", description="Data type of the written safetensors.")
+    check: bool = Field(default=True, description="Prove the export: run both models on a fixed batch on the CPU "
+                                                 "and compare the logits; a mismatch fails the stage.")
+
+
 class CheckpointSpec(SpecModel):
     dir: Optional[AbsPath] = Field(default=None, description="Checkpoint directory. Default: <workdir>/checkpoints.")
     save_interval: int = Field(default=1000, ge=1, le=COUNT_MAX)
@@ -589,6 +633,12 @@ class CheckpointSpec(SpecModel):
         default=None, description="Copy/upload target: an absolute path or an fsspec URL (az://, s3://, ...)."
     )
     verify: bool = Field(default=True, description="Verify completeness and hashes before retention and copy.")
+    export_hf: Optional[ExportHFSpec] = Field(
+        default=None,
+        description="Export the latest checkpoint as a Hugging Face model (safetensors, config.json) after "
+                    "verification: {dir, dtype: bf16|fp32, check}. Llama- and GPT-2-style models "
+                    "(docs/checkpoints.md).",
+    )
 
 
 class StageToggle(SpecModel):
@@ -648,3 +698,24 @@ class Spec(SpecModel):
     planning: PlanningSpec = Field(default_factory=PlanningSpec,
                                    description="Inputs of the memory and time estimate (lingjun-slurm plan).")
     stages: StagesSpec = Field(default_factory=StagesSpec, description="Skip built-in stages, add command stages.")
+
+
+# ---- Hugging Face conversion paths (training.init_from, checkpoint.export_hf) ----------------------
+def init_from_path(spec: Spec) -> Optional[str]:
+    """The Hugging Face directory of training.init_from (without "hf:"), or None."""
+    value = spec.training.init_from
+    return value[len(HF_PREFIX):] if value else None
+
+
+def init_dir(spec: Spec) -> str:
+    """Where the train stage writes the converted iteration-0 checkpoint: outside the run's checkpoint
+    directory, so retention never counts it and a resume never mistakes it for the run's own."""
+    return f"{spec.run.workdir.rstrip('/')}/hf-init"
+
+
+def export_dir(spec: Spec) -> Optional[str]:
+    """checkpoint.export_hf's directory (one iter_NNNNNNN model in it per export), or None."""
+    exp = spec.checkpoint.export_hf
+    if exp is None:
+        return None
+    return exp.dir or f"{spec.run.workdir.rstrip('/')}/hf"

@@ -3,8 +3,8 @@
     python3 -m lingjun_slurm.stages checkpoint --plan plan.json
 
 reads plan["settings"]["checkpoint"] = {"dir", "save_interval", "format", "keep_last",
-"copy_to", "verify"}. Order: verify the latest (writing lingjun-manifest.json when absent) ->
-prune to keep_last -> copy to copy_to. A damaged latest checkpoint stops the stage before
+"copy_to", "verify", "export_hf"?}. Order: verify the latest (writing lingjun-manifest.json when
+absent) -> prune to keep_last -> copy to copy_to -> export to Hugging Face (export_hf). A damaged latest checkpoint stops the stage before
 anything is deleted (exit 1, with every problem found). With verify false the stage only
 checks that the tracker points at an existing iteration; copy always verifies, because
 it must check the copy against the manifest.
@@ -25,7 +25,9 @@ def _say(line: str) -> None:
     print(f"checkpoint: {line}", flush=True)
 
 
-def run(cfg: dict[str, Any]) -> None:
+def run(cfg: dict[str, Any], model: dict[str, Any] | None = None) -> None:
+    """model: the run's resolved model settings (plan settings.model), for export_hf: what the
+    checkpoint's own args do not record (export.py takes them over the args)."""
     ckpt_dir = cfg.get("dir")
     if not ckpt_dir:
         raise CheckpointError("the plan has no checkpoint.dir")
@@ -58,12 +60,37 @@ def run(cfg: dict[str, Any]) -> None:
     if cfg.get("copy_to"):
         for line in copy_checkpoint(ckpt_dir, str(cfg["copy_to"])).lines():
             _say(line)
+    if cfg.get("export_hf"):
+        export_hf(ckpt_dir, cfg["export_hf"], model)
+
+
+def export_hf(ckpt_dir: str, exp: dict[str, Any], model: dict[str, Any] | None = None) -> None:
+    """checkpoint.export_hf: the latest checkpoint as a Hugging Face model in
+    <export_hf.dir>/iter_NNNNNNN (hf/export.py export_checkpoint: streamed tensor by tensor, the
+    logits proven equal unless check is false; a failed proof leaves nothing that looks finished).
+    An iteration exported before (its config.json and index there) is not exported again."""
+    from pathlib import Path
+
+    path, iteration = resolve(ckpt_dir)
+    out = Path(exp["dir"]) / path.name
+    if (out / "config.json").is_file() and any(out.glob("*.safetensors*")):
+        _say(f"{out} holds the Hugging Face export of {path.name} already")
+        return
+    from ..checkpoint.hf.export import export_checkpoint
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result = export_checkpoint(ckpt_dir, str(out), iteration=iteration if isinstance(iteration, int) else None,
+                               dtype=exp.get("dtype", "bf16"),
+                               tokenizer_dir=exp.get("tokenizer_dir"), model=model,
+                               check=bool(exp.get("check", True)))
+    for line in result.lines():
+        _say(f"export: {line}")
 
 
 def main(plan: dict) -> int:
     """Run the stage for a plan dict; 0 when done, 1 with the reason on stderr otherwise."""
     try:
-        run(plan["settings"]["checkpoint"])
+        run(plan["settings"]["checkpoint"], plan["settings"].get("model"))
     except LingjunError as exc:
         print(f"lingjun-slurm: checkpoint stage of run {plan.get('run_id', '?')} failed: {exc}",
               file=sys.stderr, flush=True)

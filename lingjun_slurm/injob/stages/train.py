@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import sys
 import traceback
+from typing import Any
 
 
 def main(plan: dict) -> int:
@@ -27,12 +28,17 @@ def main(plan: dict) -> int:
     from ..train import TrainError
     from ..train.settings import from_plan
 
+    from .hfinit import InitError, ensure
+
     try:
         settings = from_plan(plan)
+        # training.init_from: rank 0 converts the Hugging Face model to this run's iteration 0 (once,
+        # and only while the run has no checkpoint of its own), the other ranks wait (hfinit.py).
+        ensure(plan, builtin=True, padded_vocab=lambda: _padded_vocab(settings))
         from ..train.entry import run
 
         return run(settings)
-    except TrainError as exc:
+    except (TrainError, InitError) as exc:
         print(f"lingjun-slurm: train: {exc}", file=sys.stderr, flush=True)
         _note(plan, str(exc))
         return 1
@@ -56,6 +62,16 @@ def main(plan: dict) -> int:
 
         print(f"lingjun-slurm: train: {describe_exception(exc)}", file=sys.stderr, flush=True)
         return 1
+
+
+def _padded_vocab(settings: Any) -> int:
+    """The vocabulary the builtin trainer builds its model with (train/entry.py run: the tokenizer's size,
+    or model.vocab_size when larger, padded for TP), for init_from's conversion to match."""
+    from ..train import data
+    from ..train.model import padded_vocab_size
+
+    tok = data.dataset_tokenizer(settings.data.tokenizer)
+    return padded_vocab_size(max(tok.vocab_size, settings.model.vocab_size or 0), settings.parallel.tensor)
 
 
 def _note(plan: dict, text: str) -> None:

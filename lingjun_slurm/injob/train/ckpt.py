@@ -620,6 +620,41 @@ def _load_failed(path: str, iteration: int, exc: BaseException) -> TrainError:
     return TrainError(message)
 
 
+def _load_weights_only(path: str, iteration: int, model: Any, optimizer: Any, meta: dict[str, Any]) -> Progress:
+    """A checkpoint saved without optimizer state (args.no_save_optim: training.init_from's conversion,
+    lingjun_slurm/injob/checkpoint/hf/megatron_io.py write_megatron): finetune semantics, as Megatron-LM
+    loads --pretrained-checkpoint (checkpointing.py core_v0.16.1:1494-1502 sets args.finetune): the model's
+    weights only; iteration and consumed samples 0 (`if args.finetune or release: iteration = 0`, :1731);
+    no optimizer, scheduler or RNG state (:1785, :1841); and the optimizer's main parameters refreshed
+    from the loaded weights (optimizer.reload_model_params(), :1826-1830), or its first step would put
+    the initial weights back. Megatron-LM refreshes them only for fp16/bf16; for fp32 megatron-core's
+    FP32Optimizer.reload_model_params does nothing (optimizer/optimizer.py), so it is called always."""
+    import torch
+
+    state = {"model": _unwrap(model).sharded_state_dict(metadata=meta)}
+    with torch.no_grad():
+        loaded = _dcp_load(state, path, iteration)
+        _unwrap(model).load_state_dict(loaded["model"], strict=True)
+    reload = getattr(optimizer, "reload_model_params", None)
+    if reload is not None:
+        reload()
+    log.info("%s has no optimizer state (a converted model): loaded its weights with finetune semantics, "
+             "from iteration 0 with a fresh optimizer, scheduler and RNG state", path)
+    return Progress(iteration=0)
+
+
+def _dcp_load(state: dict, path: str, iteration: int) -> dict:
+    """megatron-core's dist_checkpointing.load, its failure as one CheckpointLoadError naming the path."""
+    from megatron.core import dist_checkpointing
+
+    try:
+        return dist_checkpointing.load(state, path)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # CheckpointException is a BaseException
+        raise _load_failed(path, iteration, exc) from None
+
+
 def load(ckpt_dir: str, iteration: int, model: Any, optimizer: Any, scheduler: Any, settings: TrainSettings,
          rt: Runtime, padded_vocab: int) -> Progress:
     """Restore everything saved at `iteration`; the data position comes back as Progress.
@@ -661,18 +696,15 @@ def load(ckpt_dir: str, iteration: int, model: Any, optimizer: Any, scheduler: A
         meta.update({k: v for k, v in metadata.items() if k != "dp_cp_group"})
     if not settings.parallel.distributed_optimizer:
         meta.pop("distrib_optim_sharding_type", None)
+    if saved_args is not None and getattr(saved_args, "no_save_optim", False):
+        return _load_weights_only(path, iteration, model, optimizer, meta)
     if settings.parallel.distributed_optimizer:
         _prime_adam_steps(optimizer)
     probe = Progress(iteration=iteration)
     state = sharded_state_dict(model, optimizer, scheduler, settings, rt, probe, padded_vocab, is_loading=True,
                                rng=saved_rng if use_rng else None, metadata=meta)
     with torch.no_grad():
-        try:
-            loaded = dist_checkpointing.load(state, path)
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except BaseException as exc:  # CheckpointException is a BaseException
-            raise _load_failed(path, iteration, exc) from None
+        loaded = _dcp_load(state, path, iteration)
         _unwrap(model).load_state_dict(loaded["model"], strict=True)
         optimizer.load_state_dict(loaded["optimizer"])
     if settings.parallel.distributed_optimizer:
