@@ -2,9 +2,11 @@
 gloo; the cluster's GPUs are gres files without a driver, so gpus_per_node 0).
 
 LINGJUN_PREFLIGHT_SLOW (a test hook, docs/fault-tolerance.md) makes node2's ranks sleep after each
-timed collective as if its link ran at 0.2 of its rate: the smoke test must name node2 (narrowed
+timed collective as if its link ran at 0.05 of its rate: the smoke test must name node2 (narrowed
 by pairs of nodes), the job is requeued without it, the next attempt's smoke test passes and
-training completes."""
+training completes. 0.05, not the bench's 0.2: gloo timings on a 2-core host that other work
+shares are noisy enough to bring a 5x slowdown below the judge's 2x (measured once: node2's pairs
+at 0.16 GB/s against 0.23 while three test processes ran beside it); a 20x one is not."""
 
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ def test_a_slow_node_is_named_by_the_collective_smoke_test_and_excluded(tmp_path
                                                                         slurm_env: dict[str, str]) -> None:
     spec = train_spec(tmp_path, "coll", nodes=3, iterations=6, save_interval=3, hang_timeout=60, preflight=True,
                       extra_training={"preflight_collective_timeout": 40})
-    env = {**slurm_env, "LINGJUN_PREFLIGHT_SLOW": "node2=0.2", "LINGJUN_PREFLIGHT_SHARE_TIMEOUT": "20"}
+    env = {**slurm_env, "LINGJUN_PREFLIGHT_SLOW": "node2=0.05", "LINGJUN_PREFLIGHT_SHARE_TIMEOUT": "20"}
     run_id = submitted_run_id(cli("submit", str(spec), "--executor", "slurm", env=env).stdout)
     run_dir = tmp_path / "coll" / "runs" / run_id
     stages = wait_for(run_id, slurm_env, all_ended, timeout=420)
