@@ -79,11 +79,10 @@ def prune(spec_file: Optional[Path], cache_dir: Optional[Path], days: float, dig
 
     An image being imported (its lock held) is never removed. A run whose image was pruned fails
     its next stage with a message; `lingjun-slurm resubmit RUN --from image` stages it again."""
-    from ..common.holderlock import read_holder, slurm_job_alive
+    from ..common.holderlock import read_holder, run_squeue, slurm_job_alive
     from ..images.cache import PARTIAL_RE, ImageCache
-    from ..injob.stages.image import _squeue
 
-    cache = ImageCache(_cache_dir(spec_file, cache_dir), job_alive=lambda job: slurm_job_alive(job, _squeue))
+    cache = ImageCache(_cache_dir(spec_file, cache_dir), job_alive=lambda job: slurm_job_alive(job, run_squeue))
     now = time.time()
     entries = cache.entries()
     if digests:

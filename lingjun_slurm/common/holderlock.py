@@ -437,6 +437,21 @@ def slurm_jobs_alive(job_ids: Sequence[str], run: Callable[[list[str]], tuple[in
     return None
 
 
+def run_squeue(argv: list[str]) -> tuple[int, str]:
+    """The `run` of slurm_jobs_alive for in-job code: squeue without the SQUEUE_* variables (a
+    SQUEUE_FORMAT or a filter from the job's environment changes its output), 60 s at most; a
+    squeue that cannot start or does not answer is (1, the reason): "cannot tell"."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SQUEUE_")}
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return 1, str(exc)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
 def slurm_job_alive(job_id: str, run: Callable[[list[str]], tuple[int, str]]) -> Optional[bool]:
     """Whether one Slurm job is still pending or running (slurm_jobs_alive for one id)."""
     return slurm_jobs_alive([job_id], run)

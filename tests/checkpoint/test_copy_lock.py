@@ -51,7 +51,7 @@ def test_a_live_holder_refuses_the_copy_and_names_it(ckpt: Path, tmp_path: Path)
 
 def test_a_holder_that_cannot_be_judged_refuses_too(ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A chain's jobs while slurmctld does not answer: cannot tell, so the copy does not go ahead."""
-    monkeypatch.setattr(transfer, "_squeue", lambda argv: (1, "slurm_load_jobs error: Unable to contact slurm controller"))
+    monkeypatch.setattr(transfer, "run_squeue", lambda argv: (1, "slurm_load_jobs error: Unable to contact slurm controller"))
     target = tmp_path / "chain"
     _holder_file(target, 1, "x", jobs=("4242",))
     with pytest.raises(CheckpointUsageError, match="Slurm job 4242"):

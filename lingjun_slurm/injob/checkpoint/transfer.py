@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from lingjun_slurm.common.errors import LingjunError
+from lingjun_slurm.common.holderlock import run_squeue
 from . import manifest as mf
 from .errors import CheckpointDamaged, CheckpointError, CheckpointUsageError
 from .layout import MANIFEST, TRACKER, atomic_write, human_size, iter_name
@@ -186,18 +187,6 @@ def copy_checkpoint(ckpt_dir: Path | str, target: str, iteration: int | None = N
 LOCK_NAME = "checkpoint.lock"
 
 
-def _squeue(argv: list[str]) -> tuple[int, str]:
-    import os
-    import subprocess
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SQUEUE_")}
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return 1, str(exc)
-    return proc.returncode, proc.stdout + proc.stderr
-
-
 @contextmanager
 def _target_lock(root: str | None, src: str) -> Iterator[None]:
     """Hold <target>/checkpoint.lock while copying into a local directory: a chain training into it
@@ -210,8 +199,8 @@ def _target_lock(root: str | None, src: str) -> Iterator[None]:
     from lingjun_slurm.common.holderlock import HolderLock, LockHeld, slurm_job_alive, slurm_jobs_alive
 
     lock = HolderLock(posixpath.join(root, LOCK_NAME), purpose=f"lingjun-slurm checkpoint copy of {src}",
-                      job_alive=lambda job: slurm_job_alive(job, _squeue),
-                      jobs_alive=lambda jobs: slurm_jobs_alive(jobs, _squeue))
+                      job_alive=lambda job: slurm_job_alive(job, run_squeue),
+                      jobs_alive=lambda jobs: slurm_jobs_alive(jobs, run_squeue))
     try:
         lock.acquire()
     except LockHeld as exc:

@@ -22,19 +22,10 @@ import sys
 import time
 from pathlib import Path
 
-from lingjun_slurm.common.holderlock import LockHeld, slurm_job_alive
+from lingjun_slurm.common.holderlock import LockHeld, run_squeue, slurm_job_alive
 from lingjun_slurm.images import enroot
 from lingjun_slurm.images.cache import CacheError, ImageCache
 from lingjun_slurm.images.registry import RegistryError, parse_image_ref, resolve_digest
-
-
-def _squeue(argv: list[str]) -> tuple[int, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SQUEUE_")}
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return 1, str(exc)
-    return proc.returncode, proc.stdout + proc.stderr
 
 
 def enroot3_pinned_uri(ref, digest: str) -> str:
@@ -84,7 +75,7 @@ def main(plan: dict, plan_path: Path) -> int:
             # (docker.sh:136, 262-265): the manifest named by the digest we resolved.
             uri = enroot3_pinned_uri(ref, digest)
         say(f"{image} is {digest}")
-        cache = ImageCache(cache_dir, job_alive=lambda job: slurm_job_alive(job, _squeue))
+        cache = ImageCache(cache_dir, job_alive=lambda job: slurm_job_alive(job, run_squeue))
         started = time.monotonic()
         path, imported = cache.stage(image, digest, lambda out: enroot.import_image(uri, out, arch),
                                      on_wait=lambda who: say(f"waiting for {who}"))
