@@ -17,6 +17,14 @@ one row per fault:
   action_s       slow-link and slow-rank: from the fault's onset to the slow node's exclusion
                  (its entry in the run's nodes/excluded.json)
   x_ref          the train stage's wall time over the reference run's
+  goodput        `status --goodput RUN --json`: productive over allocated (CPU-hours here: the
+                 bench trains on CPUs), the share of the bucket this fault's lost time belongs in
+                 (EXPECTED_BUCKET; "MISSING" when it is empty), and the 1% check: the buckets' sum
+                 against the allocation the bench reads itself: sacct's ElapsedRaw x AllocTRES of
+                 every job of the run, requeued runs included (GPUs: gres/gpu, else the typed
+                 gres/gpu:TYPE summed, else the plan's), plus the attempts the jobs' markers show and
+                 sacct has no line for (a node failure's run, up to the next run's Submit); "sum ok"
+                 within 1%
 
 Faults (each on rank 1 / its node, after the checkpoint at iteration 10):
   sigkill        SIGKILL of one rank mid-step
@@ -74,6 +82,12 @@ ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
          "PREEMPTED"}
 
 
+# Where each fault's lost time belongs in the goodput ledger (lingjun_slurm/injob/host/ledger.py BUCKETS).
+EXPECTED_BUCKET = {"sigkill": "lost_work", "sigstop": "hang_wait", "node-lost": "lost_work", "ckpt-flip": "lost_work",
+                   "disk-full": "failed_tail", "ctld-submit": None, "ctld-status": None, "exit1-start": "failed_tail",
+                   "slow-link": "preflight", "slow-rank": "lost_work"}
+
+
 @dataclass
 class Row:
     fault: str
@@ -83,6 +97,7 @@ class Row:
     wall_s: Optional[float]
     note: str = ""
     action_s: Optional[float] = None
+    goodput: str = "-"
 
 
 class Bench:
@@ -93,7 +108,9 @@ class Bench:
                                                    # stand-in, which the spec check sends to a GPU partition
                                                    gpus_per_node=1, cluster_name="faults", slurmd_timeout=10,
                                                    # requeues eligible after cred_expire=5 s, not Slurm's 120
-                                                   fast_timers=True))
+                                                   fast_timers=True,
+                                                   # sacct: the goodput ledger's allocation and the 1% check
+                                                   accounting=True))
         self.env = {**os.environ, **self.cluster.env, "LINGJUN_STATE_DIR": str(tmp / "state"),
                     "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
         self.spawned: list[subprocess.Popen] = []
@@ -135,6 +152,103 @@ class Bench:
         ends = [int(x[1]) for x in lines if x and x[0] == "end"]
         return float(ends[-1] - starts[0]) if starts and ends else None
 
+    @staticmethod
+    def planned_units(run_dir: Path, kind: str) -> dict[str, int]:
+        """Job id -> the GPUs (kind "gpu": nodes x gpus_per_node) or CPUs its stage asks for in plan.json."""
+        manifest = json.loads((run_dir / "manifest.json").read_text())
+        plan = {s["name"]: s.get("resources") or {} for s in json.loads((run_dir / "plan.json").read_text())["stages"]}
+        out = {}
+        for stage in manifest["stages"]:
+            res = plan.get(stage["name"], {})
+            n = res.get("nodes") or 1
+            units = n * (res.get("gpus_per_node") or 0) if kind == "gpu" else \
+                n * (res.get("tasks_per_node") or 1) * (res.get("cpus_per_task") or 1)
+            for job in stage["job_ids"] + [j for p in stage.get("previous") or [] for j in p["job_ids"]]:
+                out[job] = units
+        return out
+
+    def allocation(self, run_dir: Path, job_ids: list[str], kind: str) -> tuple[float, float]:
+        """(GPU- or CPU-seconds of the jobs as sacct tells them, every run of a requeued job; the seconds
+        of attempts their jobs/<id> markers show and sacct has no line for), read here without the
+        ledger's parser: the 1% check's reference.
+
+        GPUs: AllocTRES has them only where AccountingStorageTRES names gres/gpu (slurm.conf.5:171-201 at
+        slurm-22-05-8-1): the untyped gres/gpu=N, else the sum of typed gres/gpu:TYPE=N, else the plan's.
+        Slurm 22.05.8 keeps no line for the run a node failure ended before its requeue (node-lost): the
+        markers have its start; it ends at its own end marker, else at the next run's Submit (the requeue
+        moment: batch_requeue_fini, src/slurmctld/job_mgr.c:16113-16117) or Start, whichever is first."""
+        out = subprocess.run(["sacct", "-X", "-D", "-P", "-n", "-o", "JobIDRaw,ElapsedRaw,AllocTRES,Start,Submit",
+                              "-j", ",".join(job_ids)], env={**self.env, "SLURM_TIME_FORMAT": "%s"},
+                             capture_output=True, text=True).stdout
+        planned = self.planned_units(run_dir, kind)
+        total = extra = 0.0
+        windows: dict[str, list[tuple[float, float, int, Optional[float]]]] = {}
+        for line in out.splitlines():
+            parts = line.split("|")
+            if len(parts) != 5 or not parts[1].isdigit():
+                continue
+            tres = dict(kv.split("=", 1) for kv in parts[2].split(",") if "=" in kv)
+            if kind == "gpu":
+                typed = sum(int(v) for k, v in tres.items() if k.startswith("gres/gpu:") and v.isdigit())
+                units = int(tres["gres/gpu"]) if tres.get("gres/gpu", "").isdigit() else typed
+                units = units or planned.get(parts[0].split("_")[0], 0)
+            else:
+                units = int(tres.get("cpu", "0") or 0)
+            total += int(parts[1]) * units
+            if parts[3].isdigit():
+                windows.setdefault(parts[0], []).append((float(parts[3]), float(parts[3]) + int(parts[1]), units,
+                                                         float(parts[4]) if parts[4].isdigit() else None))
+        for job, runs in windows.items():
+            try:
+                lines = [x.split() for x in (run_dir / "jobs" / job).read_text().splitlines()]
+            except OSError:
+                continue
+            # Each start line with the end line that follows it before the next start (None: killed).
+            tries: list[list[Optional[float]]] = []
+            for x in lines:
+                if len(x) > 1 and x[0] == "start":
+                    tries.append([float(x[1]), None])
+                elif len(x) > 2 and x[0] == "end" and tries and tries[-1][1] is None:
+                    tries[-1][1] = float(x[1])
+            for i, (t, own) in enumerate(tries):
+                if any(lo - 2 <= t <= hi + 2 for lo, hi, _, _ in runs):
+                    continue
+                bounds = [b for b in (own, tries[i + 1][0] if i + 1 < len(tries) else None) if b is not None]
+                after = [r for r in runs if r[0] > t]
+                if after:
+                    nxt = min(after)
+                    bounds += [b for b in (nxt[3], nxt[0]) if b is not None and b > t]
+                extra += (min(bounds) - t) * runs[0][2] if bounds else 0.0
+        return total, extra
+
+    def goodput(self, fault: str, run_id: str, run_dir: Path) -> str:
+        """The goodput column: goodput, the expected bucket's share, and the 1% check."""
+        proc = self.cli("status", "--goodput", run_id, "--json")
+        try:
+            doc = json.loads(proc.stdout)
+        except ValueError:
+            return f"no ledger (exit {proc.returncode})"
+        manifest = json.loads((run_dir / "manifest.json").read_text())
+        jobs = [j for s in manifest["stages"] for j in s["job_ids"]]
+        jobs += [j for s in manifest["stages"] for p in s.get("previous") or [] for j in p["job_ids"]]
+        kind = doc["goodput_of"]
+        part = doc[kind]
+        acct, extra = self.allocation(run_dir, jobs, kind)
+        own = acct + extra
+        # Beside the run (kept with --keep): the ledger and sacct's lines it was checked against.
+        acct = subprocess.run(["sacct", "-X", "-D", "-P", "-o", "JobID,State,ElapsedRaw,AllocTRES,Start,End",
+                               "-j", ",".join(jobs)], env=self.env, capture_output=True, text=True).stdout
+        (run_dir.parent / f"{run_id}.goodput.json").write_text(json.dumps({"ledger": doc, "sacct": acct}, indent=1))
+        total = sum(part["buckets"].values())
+        ok = own > 0 and abs(total - own) <= 0.01 * own
+        text = f"{100 * doc['goodput']:.0f}%"
+        want = EXPECTED_BUCKET.get(fault)
+        if want:
+            share = part["buckets"][want] / part["allocated_seconds"] if part["allocated_seconds"] else 0.0
+            text += f", {want} {100 * share:.1f}%" + ("" if share > 0 else " MISSING")
+        more = f", {extra:.0f} of them from markers sacct has no line for" if extra else ""
+        return f"{text}; sum {'ok' if ok else 'OFF'} ({total:.0f}/{own:.0f} {kind}-s{more})"
+
     def verified(self, ckpt: Path) -> bool:
         return self.cli("checkpoint", "verify", str(ckpt)).returncode == 0
 
@@ -155,7 +269,8 @@ class Bench:
         wall = self.train_wall(run_dir)
         extra = f"restarts {train.get('restarts')}" + (f"; {train['reason']}" if train.get("reason") else "")
         return Row(fault, "yes" if done else f"no ({train.get('state')})", at - resumed if resumed is not None else None,
-                   recover, wall, "; ".join(x for x in (note, extra) if x))
+                   recover, wall, "; ".join(x for x in (note, extra) if x),
+                   goodput=self.goodput(fault, run_id, run_dir))
 
     # ---------------------------------------------------------------- runs
     def reference(self) -> Row:
@@ -166,7 +281,8 @@ class Bench:
         self.prefix = json.loads((run_dir / "plan.json").read_text())["settings"]["data"]["train_prefix"]
         self.ref_wall = self.train_wall(run_dir)
         ok = stages["train"]["state"] == "COMPLETED" and self.verified(self.tmp / "reference" / "checkpoints")
-        return Row("none (reference)", "yes" if ok else f"no ({stages['train']['state']})", 0, None, self.ref_wall)
+        return Row("none (reference)", "yes" if ok else f"no ({stages['train']['state']})", 0, None, self.ref_wall,
+                   goodput=self.goodput("reference", run_id, run_dir))
 
     def signal_rank(self, fault: str, sig: signal.Signals) -> Row:
         spec = self.spec(fault)
@@ -305,7 +421,8 @@ class Bench:
         wall = self.train_wall(sub / "work" / "runs" / run_id)
         ok = train.get("state") == "FAILED" and train.get("restarts") == 0
         return Row("exit1-start", "failed at once" if ok else f"no ({train.get('state')})", None,
-                   round(time.time() - t, 1), wall, f"restarts {train.get('restarts')}; {train.get('reason')}")
+                   round(time.time() - t, 1), wall, f"restarts {train.get('restarts')}; {train.get('reason')}",
+                   goodput=self.goodput("exit1-start", run_id, sub / "work" / "runs" / run_id))
 
     def excluded(self, run_dir: Path) -> list[dict[str, Any]]:
         """The run's exclusion entries (lingjun_slurm/injob/host/exclusion.py RECORD)."""
@@ -375,7 +492,8 @@ class Bench:
                    round(first["time"] - t, 1) if first else None, None,
                    f"{node} +0.3 s/step from iteration {at}; {iterations} iterations, train wall {wall} s; "
                    f"restarts {train.get('restarts')}; {train.get('reason') or ''}",
-                   action_s=round(entries[0]["time"] - t, 1) if entries else None)
+                   action_s=round(entries[0]["time"] - t, 1) if entries else None,
+                   goodput=self.goodput("slow-rank", run_id, run_dir))
 
     def close(self) -> None:
         for p in self.spawned:
@@ -388,14 +506,14 @@ class Bench:
 
 def table(rows: list[Row], ref: Optional[float]) -> str:
     out = [f"| {'fault':<16} | {'survived':<16} | {'lost':>4} | {'recover_s':>9} | {'action_s':>8} | {'wall_s':>6} | "
-           f"{'x_ref':>5} | note |",
-           f"|{'-' * 18}|{'-' * 18}|{'-' * 6}|{'-' * 11}|{'-' * 10}|{'-' * 8}|{'-' * 7}|------|"]
+           f"{'x_ref':>5} | goodput | note |",
+           f"|{'-' * 18}|{'-' * 18}|{'-' * 6}|{'-' * 11}|{'-' * 10}|{'-' * 8}|{'-' * 7}|---------|------|"]
     for r in rows:
         ratio = f"{r.wall_s / ref:.2f}" if r.wall_s and ref else "-"
         out.append(f"| {r.fault:<16} | {r.survived:<16} | {'-' if r.lost is None else r.lost:>4} | "
                    f"{'-' if r.recover_s is None else r.recover_s:>9} | {'-' if r.action_s is None else r.action_s:>8} | "
                    f"{'-' if r.wall_s is None else r.wall_s:>6} | "
-                   f"{ratio:>5} | {r.note} |")
+                   f"{ratio:>5} | {r.goodput} | {r.note} |")
     return "\n".join(out)
 
 

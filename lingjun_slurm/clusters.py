@@ -63,6 +63,12 @@ class ClusterConfig(Strict):
         default=None, description="Default account: cluster.account when the spec has none.")
     network_profile: Optional[Annotated[str, StringConstraints(pattern=NAME_RE)]] = Field(
         default=None, description="Network profile when the spec names neither a profile nor an instance type.")
+    gpu_hour_price: Optional[float] = Field(
+        default=None, ge=0, le=1_000_000,
+        description="Price of one GPU-hour: monitoring.gpu_hour_price when the spec has none (goodput cost).")
+    textfile_dir: Optional[Annotated[str, StringConstraints(pattern=SAFE_PATH_RE)]] = Field(
+        default=None, description="node_exporter textfile directory of the jobs' own, on the compute nodes: "
+                                  "monitoring.textfile_dir when the spec has none.")
     accept_new_host_key: bool = Field(
         default=False, description="Accept and record an unknown host key (as --accept-new-host-key).")
 
@@ -196,10 +202,12 @@ DEFAULT_FIELDS: tuple[tuple[str, str], ...] = (
     ("cluster.defaults.partition", "partition"),
     ("cluster.account", "account"),
     ("cluster.network.profile", "network_profile"),
+    ("monitoring.gpu_hour_price", "gpu_hour_price"),
+    ("monitoring.textfile_dir", "textfile_dir"),
 )
 
 
-def cluster_defaults(cfg: Optional[ClusterConfig]) -> dict[str, str]:
+def cluster_defaults(cfg: Optional[ClusterConfig]) -> dict[str, Any]:
     """The spec fields a cluster can fill: {"run.workdir": "/shared/x", ...} (unset keys left out)."""
     if cfg is None:
         return {}

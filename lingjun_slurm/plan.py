@@ -332,6 +332,8 @@ def _launcher(spec: Spec, st_kind: str, names: list[str], use_container: bool,
         if bind:
             words.append(f"--cpu-bind={bind}")
     if use_container:
+        # No mount of monitoring.textfile_dir: the trainer writes under the run directory and the
+        # watchdog copies the file on the host (docs/monitoring.md, promfile.py publish).
         words += pyxis_flags(spec.container, spec.run.workdir, names,
                              image=cplan.image_word() if cplan else None,
                              name=cplan.name_word() if cplan else None).flags
@@ -448,7 +450,14 @@ def settings(spec: Spec, cplan: ContainerPlan | None = None) -> dict[str, Any]:
         "checkpoint": _checkpoint_settings(spec, dump["checkpoint"]),
         "megatron_lm": dump["megatron_lm"],
         "preflight": preflight_settings(spec),
+        **_monitoring_settings(dump["monitoring"]),
     }
+
+
+def _monitoring_settings(monitoring: dict[str, Any]) -> dict[str, Any]:
+    """{"monitoring": {...}} when the spec (or clusters.yaml) sets a field, else nothing: plans of runs
+    without it stay as they were (their golden files too)."""
+    return {"monitoring": monitoring} if any(v is not None for v in monitoring.values()) else {}
 
 
 def _training_settings(spec: Spec, training: dict[str, Any]) -> dict[str, Any]:

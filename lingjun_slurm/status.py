@@ -585,3 +585,63 @@ def format_table(runs: list[RunStatus]) -> str:
                          f"{s.restarts:>8}  {s.nodes or '-':<14} {reason}".rstrip())
         lines.append("")
     return "\n".join(lines).rstrip("\n") + "\n" if lines else "no runs\n"
+
+
+def goodput(t: Transport, m: Manifest, now: Optional[float] = None) -> dict[str, Any]:
+    """The run's goodput ledger (lingjun_slurm/injob/host/ledger.py build; docs/report.md "Goodput ledger").
+
+    Slurm runs: one batched sacct (ledger.sacct_argv: AllocTRES, ElapsedRaw, Submit, Eligible, Start,
+    End of every run of every job of the run, requeues and the jobs a resubmit replaced included)
+    when the cluster has accounting; without it (or when sacct fails) the markers, with a note.
+    Local runs: the runner's local-state.json. Raises CommandError only when sacct's output cannot be read."""
+    import json
+
+    from .injob.host import ledger
+    from .transport.local import LocalTransport
+
+    files = t or LocalTransport()
+    root = m.run_dir.rstrip("/")
+
+    def read(rel: str) -> Optional[str]:
+        try:
+            return files.read_text(f"{root}/{rel}")
+        except (OSError, LingjunError, UnicodeDecodeError):
+            return None
+
+    def listdir(rel: str) -> list[str]:
+        try:
+            return sorted(files.listdir(f"{root}/{rel}"))
+        except (OSError, LingjunError):
+            return []
+
+    def load(rel: str) -> dict[str, Any]:
+        try:
+            doc = json.loads(read(rel) or "{}")
+        except ValueError:
+            return {}
+        return doc if isinstance(doc, dict) else {}
+
+    manifest = load("manifest.json") or {"run_id": m.run_id, "executor": m.executor,
+                                         "stages": [asdict(s) for s in m.stages]}
+    plan = load("plan.json")
+    sacct = None
+    note = None
+    if m.executor == "slurm":
+        ids = sorted({j for st in m.stages for j in st.job_ids} |
+                     {j for st in m.stages for p in st.previous for j in p.job_ids}, key=lambda j: (len(j), j))
+        if ids and m.cluster.accounting:
+            result = t.run(ledger.sacct_argv(ids))
+            if result.returncode == 0:
+                try:
+                    sacct = ledger.parse_sacct(result.stdout)
+                except ledger.LedgerError as exc:
+                    note = f"sacct printed what cannot be read ({exc}): the allocation from the jobs' markers"
+            else:
+                note = f"sacct failed ({result.stderr.strip()[:200]}): the allocation from the jobs' markers"
+        elif ids:
+            note = "the cluster has no accounting: the allocation from the jobs' markers and the plan's resources"
+    local_state = load("local-state.json") if m.executor == "local" else None
+    doc = ledger.build(read, listdir, manifest, plan, sacct, now, local_state)
+    if note:
+        doc["note"] = f"{note}; {doc['note']}" if doc.get("note") else note
+    return doc

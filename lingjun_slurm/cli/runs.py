@@ -20,6 +20,7 @@ from .remote import EXIT_CODES, Connections, destination, open_run, remote_optio
 from ..common.errors import LingjunError, UsageError
 
 if TYPE_CHECKING:
+    from ..destination import Destination
     from ..runs.index import IndexEntry
     from ..runs.manifest import Manifest, StageRecord
     from ..status import RunStatus
@@ -451,9 +452,11 @@ def _print_status(refs: list[str], as_json: bool, conns: Optional[Connections] =
               help="Seconds between refreshes with --watch.")
 @click.option("--verbose", "-v", is_flag=True, help="Also say (on stderr) how the queue was read: squeue/sacct or "
                                                    "pyslurm, and why.")
+@click.option("--goodput", is_flag=True, help="Where the run's GPU-hours (CPU-hours without GPUs) went: hours per "
+                                              "bucket, the waits, goodput and cost (one RUN; docs/report.md).")
 @remote_options
 def status(runs: tuple[str, ...], as_json: bool, watch: bool, interval: float, verbose: bool, host: Optional[str],
-           cluster: Optional[str], accept_new_host_key: bool) -> None:
+           cluster: Optional[str], accept_new_host_key: bool, goodput: bool = False) -> None:
     """Each stage's state, job id, elapsed time, nodes, exit code and reason (default: recent runs).
 
     Remote runs are read over SSH, one connection per host. When a host cannot be reached, its
@@ -465,6 +468,9 @@ def status(runs: tuple[str, ...], as_json: bool, watch: bool, interval: float, v
     from ..common.errors import SlurmUnavailable
     from ..status import ACTIVE
 
+    if goodput:
+        _print_goodput(runs, as_json, watch, destination(host, cluster, accept_new_host_key))
+        return
     with Connections(destination(host, cluster, accept_new_host_key)) as conns:
         if watch and not as_json and ui.use_rich():
             _watch_live(list(runs), conns, interval, verbose)
@@ -484,6 +490,25 @@ def status(runs: tuple[str, ...], as_json: bool, watch: bool, interval: float, v
             if not watch or not any(s.state in ACTIVE for r in shown for s in r.stages):
                 return
             time.sleep(interval)
+
+
+def _print_goodput(runs: tuple[str, ...], as_json: bool, watch: bool, dest: "Destination") -> None:
+    """status --goodput RUN [--json]: the run's ledger (status.goodput; lingjun_slurm/injob/host/ledger.py)."""
+    from ..injob.host import ledger
+    from ..status import goodput
+
+    if len(runs) != 1 or watch:
+        raise UsageError("status --goodput takes exactly one RUN (and no --watch): lingjun-slurm status --goodput RUN "
+                         "[--json]")
+    with Connections(dest) as conns:
+        _entry, t, m = open_run(runs[0], conns)
+        doc = goodput(t, m)
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+        return
+    click.echo(ledger.format_table(doc), nl=False)
+    if doc.get("note"):
+        click.echo(f"note: {doc['note']}", err=True)
 
 
 def _watch_live(refs: list[str], conns: Connections, interval: float, verbose: bool) -> None:

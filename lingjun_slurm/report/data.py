@@ -9,7 +9,9 @@ Sources, all read through the run's Transport (local or SSH):
     read_marker); with the manifest's submitted_at they give the queue wait and the run time;
   - the status (StatusCollector, one batched Slurm query) for each stage's state and reason;
   - the checkpoint directory (on this machine only: its size needs a walk of every file);
-  - nccl-test reports attached to the run, <run_dir>/nccl-tests/*/report.json.
+  - nccl-test reports attached to the run, <run_dir>/nccl-tests/*/report.json;
+  - the goodput ledger (status.goodput: lingjun_slurm/injob/host/ledger.py), whose allocation is
+    Slurm's own (one batched sacct) or the local runner's record.
 """
 
 from __future__ import annotations
@@ -181,9 +183,22 @@ def collect(t: Any, manifest: Any, status: Any) -> dict[str, Any]:
                     "host": manifest.transport.host, "run_dir": run_dir, "created_at": manifest.created_at,
                     "slurm_error": getattr(status, "slurm_error", None)},
             "stages": stages,
+            "goodput": goodput(t, manifest),
             "metrics": metrics(text),
             "nccl_tests": nccl_tests(t, run_dir),
             "checkpoints": checkpoints(ckpt_dir, here=local)}
+
+
+def goodput(t: Any, manifest: Any) -> dict[str, Any]:
+    """The run's ledger (status --goodput --json's document), or {"error": why} when it cannot be
+    made (sacct failing is not such a case: the ledger then says it used the markers)."""
+    from ..common.errors import LingjunError
+    from ..status import goodput as ledger_of
+
+    try:
+        return ledger_of(t, manifest)
+    except (LingjunError, OSError) as exc:
+        return {"error": str(exc)}
 
 
 def _checkpoint_dir(t: Any, run_dir: str) -> Optional[str]:

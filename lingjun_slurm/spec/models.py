@@ -641,6 +641,22 @@ class CheckpointSpec(SpecModel):
     )
 
 
+class MonitoringSpec(SpecModel):
+    """Where the run's numbers go besides its own records (docs/monitoring.md, docs/report.md)."""
+
+    gpu_hour_price: Optional[float] = Field(
+        default=None, ge=0, le=1_000_000,
+        description="Price of one GPU-hour, in your currency: the goodput ledger (status --goodput, report) adds "
+                    "the cost. Default: clusters.yaml's gpu_hour_price for the cluster, else no cost.")
+    textfile_dir: Optional[AbsPath] = Field(
+        default=None,
+        description="A node_exporter textfile collector directory of the jobs' own (e.g. "
+                    "/var/lib/prometheus/node-exporter-lingjun-slurm, never the system one): the hang watchdog keeps "
+                    "lingjun-slurm_<job>_<node>_*.prom files there on the batch host while the job runs, the "
+                    "trainer's copied from <run_dir>/textfile. Default: clusters.yaml's textfile_dir, else none "
+                    "(no files).")
+
+
 class StageToggle(SpecModel):
     skip: bool = Field(default=False, description="Leave this built-in stage out of the chain.")
 
@@ -698,6 +714,8 @@ class Spec(SpecModel):
     planning: PlanningSpec = Field(default_factory=PlanningSpec,
                                    description="Inputs of the memory and time estimate (lingjun-slurm plan).")
     stages: StagesSpec = Field(default_factory=StagesSpec, description="Skip built-in stages, add command stages.")
+    monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec,
+                                       description="Cost of a GPU-hour; node_exporter textfile directory.")
 
 
 # ---- Hugging Face conversion paths (training.init_from, checkpoint.export_hf) ----------------------

@@ -196,7 +196,8 @@ def test_readme_main_job_runs_end_to_end(tmp_path: Path, env: dict[str, str]) ->
     out = tmp_path / "report"
     got = cli("report", run_id, "-o", str(out), env=env)
     assert got.returncode == 0 and str(out / "index.html") in got.stdout, got.stderr
-    assert sorted(p.name for p in out.glob("*.png")) == ["loss.png", "lr.png", "throughput.png", "timeline.png"]
+    assert sorted(p.name for p in out.glob("*.png")) == ["goodput.png", "loss.png", "lr.png", "throughput.png",
+                                                         "timeline.png"]
     page = (out / "index.html").read_text()
     data = embedded_data(page)
     assert data == json.loads((out / "report-data.json").read_text())
@@ -211,4 +212,39 @@ def test_readme_main_job_runs_end_to_end(tmp_path: Path, env: dict[str, str]) ->
     ckpts = data["checkpoints"]
     assert ckpts["readable"] and ckpts["tracker"] == 300
     assert [c["iteration"] for c in ckpts["iterations"]] == [200, 300] and ckpts["iterations"][-1]["manifest"]
-    assert page.count('src="data:image/png;base64,') == 4 and "Traceback" not in got.stderr
+    assert page.count('src="data:image/png;base64,') == 5 and "Traceback" not in got.stderr
+    _readme_main_job_goodput(tmp_path / "w" / "runs" / run_id, run_id, env, data)
+
+
+def _readme_main_job_goodput(run_dir: Path, run_id: str, env: dict[str, str], data: dict) -> None:
+    """The goodput ledger of the README's main job (issue 30 item 1): the allocation is the local
+    runner's own record of each task's start and end (local-state.json) times the stage's CPUs, the
+    run has no GPUs so goodput is judged on CPU-seconds, the buckets sum to the allocation, and the
+    report carries the same ledger (goodput.png, the Goodput section)."""
+    import pytest
+
+    from lingjun_slurm.injob.host import ledger
+
+    doc = json.loads(cli("status", "--goodput", run_id, "--json", env=env).stdout)
+    assert doc["run"] == run_id and doc["source"] == "local" and doc["goodput_of"] == "cpu"
+    assert doc["gpu"]["allocated_seconds"] == 0 and doc["cost"] is None
+    # The allocation, from the runner's record and the plan alone (not from the ledger's code).
+    state = json.loads((run_dir / "local-state.json").read_text())
+    plan = {s["name"]: s["resources"] for s in json.loads((run_dir / "plan.json").read_text())["stages"]}
+    own = sum((t["end"] - t["start"]) * plan[t["stage"]]["nodes"] * plan[t["stage"]]["tasks_per_node"]
+              * (plan[t["stage"]]["cpus_per_task"] or 1) for t in state["tasks"])
+    cpu = doc["cpu"]
+    assert cpu["allocated_seconds"] == pytest.approx(own, rel=0.01)
+    assert sum(cpu["buckets"].values()) == pytest.approx(own, rel=0.01)
+    b = cpu["buckets"]
+    assert set(b) == set(ledger.BUCKETS)
+    assert b["productive"] > 0.3 * own and b["startup"] > 0, b
+    assert b and b["evaluation"] > 0 and b["checkpoint_save"] > 0
+    assert b["container_start"] > 0, b  # the trainer's launched_at: its process start after the batch script's
+    assert b["preprocessing"] > 0 and b["other_stages"] > 0  # make-corpus, merge, checkpoint
+    assert b["lost_work"] == b["hang_wait"] == b["failed_tail"] == 0
+    assert doc["goodput"] == pytest.approx(b["productive"] / own, rel=0.01)
+    assert doc["waits"] == {"queue": 0.0, "requeue_gap": 0.0}
+    table = cli("status", "--goodput", run_id, env=env).stdout
+    assert f"goodput of run {run_id}: {100 * doc['goodput']:.1f}%" in table and "productive" in table
+    assert data["goodput"]["cpu"]["buckets"] == pytest.approx(b, rel=0.01)

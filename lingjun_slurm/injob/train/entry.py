@@ -101,6 +101,26 @@ def _check_finished(ckpt_dir: str, iteration: int, mode: str) -> list[str]:
         return []
 
 
+def process_started_at() -> float | None:
+    """When this process started, in epoch seconds: the goodput ledger's `launched_at`, the end of
+    the container's start (injob/host/ledger.py). proc(5): field 22 of /proc/self/stat is starttime,
+    in clock ticks after boot, on the clock of /proc/uptime's first field (seconds since boot, 0.01 s);
+    their difference is the process's age, taken from now. (Not /proc/stat's btime + starttime: btime
+    is whole seconds and does not follow later corrections of the wall clock, which put a process
+    seen here 0.5 s before its parent.) Inside a pyxis/enroot container /proc is the node's kernel's.
+    None where /proc does not have them."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()  # after "(comm)": field 3 onwards
+        ticks = int(fields[22 - 3])
+        with open("/proc/uptime", encoding="ascii") as fh:
+            uptime = float(fh.read().split()[0])
+        now = time.time()
+        return round(now - max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK")), 2)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _stop_at() -> int | None:
     """LINGJUN_TRAIN_STOP_AT=N: save and exit 0 after iteration N, as if SIGTERM arrived (tests, drills)."""
     raw = os.environ.get("LINGJUN_TRAIN_STOP_AT", "").strip()
@@ -216,7 +236,7 @@ def run(settings: TrainSettings) -> int:
                   dp=rt.dp, device=device_name or "cpu", precision=rt.dtype_name, layer_spec=spec_name,
                   parameters=params, padded_vocab_size=vocab,
                   tokens_per_step=settings.parallel.global_batch * settings.model.seq_length,
-                  pid=os.getpid())
+                  pid=os.getpid(), launched_at=process_started_at())
         ckpt.start_writer_manager()
         reason = train(tr, mx, stop_flag, stop_at=stop_at)
         mx.record("stop", iteration=tr.progress.iteration, reason=reason)
