@@ -16,7 +16,8 @@ from ..common.bytesfmt import human_bytes
 
 CAPTIONS = {"loss.png": "Training and validation loss", "lr.png": "Learning rate",
             "throughput.png": "Throughput (and MFU on GPUs)", "memory.png": "GPU memory peak",
-            "timeline.png": "Stages: queue wait and run time, one bar per attempt"}
+            "timeline.png": "Stages: queue wait and run time, one bar per attempt",
+            "goodput.png": "Goodput: each attempt's allocated hours by bucket"}
 
 
 def _when(epoch: Any) -> str:
@@ -41,6 +42,44 @@ def _table(head: list[str], rows: list[list[Any]]) -> str:
     out = ["<table><thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr></thead><tbody>"]
     out += ["<tr>" + "".join(f"<td>{e('' if c is None else str(c))}</td>" for c in row) + "</tr>" for row in rows]
     return "\n".join(out + ["</tbody></table>"])
+
+
+def _pairs(rows: list[list[Any]]) -> str:
+    """A table of name/value rows: each name is its row's header (<th scope="row">), and there is
+    no header row (the summary's was two empty cells, an empty grey bar at the top of the page)."""
+    e = html.escape
+    out = ["<table><tbody>"]
+    out += [f'<tr><th scope="row">{e(str(k))}</th><td>{e("" if v is None else str(v))}</td></tr>' for k, v in rows]
+    return "\n".join(out + ["</tbody></table>"])
+
+
+def _goodput_html(ledger: dict[str, Any], charts: list[str], out: Path) -> str:
+    """The Goodput section: the ledger's summary (hours per bucket per kind, the waits, goodput, cost) and
+    goodput.png (lingjun_slurm/injob/host/ledger.py; docs/report.md "Goodput ledger")."""
+    e = html.escape
+    if "error" in ledger or "gpu" not in ledger:
+        return f"<p>No ledger: {e(str(ledger.get('error', 'not computed')))}</p>"
+    rows = []
+    for kind in ("gpu", "cpu"):
+        part = ledger[kind]
+        alloc = part["allocated_seconds"]
+        if alloc <= 0:
+            continue
+        rows.append([f"{kind.upper()}-hours allocated", "", f"{alloc / 3600:.4f}", "100.0%"])
+        rows += [[kind.upper(), name, f"{v / 3600:.4f}", f"{100 * v / alloc:.1f}%"]
+                 for name, v in part["buckets"].items() if v > 0]
+    rows += [["wait", name, f"{v / 3600:.4f}", "(no allocation)"] for name, v in ledger["waits"].items()]
+    head = (f"<p>Goodput {100 * ledger['goodput']:.1f}% (productive / allocated {ledger['goodput_of'].upper()}-hours; "
+            f"allocation from {e(str(ledger.get('source') or '-'))})"
+            + (f"; cost {ledger['cost']:.2f} at {ledger['gpu_hour_price']:g} per GPU-hour" if ledger.get("cost")
+               is not None else "") + (f". {e(ledger['note'])}" if ledger.get("note") else "") + "</p>")
+    chart = ""
+    if "goodput.png" in charts:
+        data = base64.b64encode((out / "goodput.png").read_bytes()).decode()
+        cap = e(CAPTIONS["goodput.png"])
+        chart = (f'<figure><img alt="{cap}" src="data:image/png;base64,{data}"><figcaption>{cap} '
+                 '(<a href="goodput.png">goodput.png</a>)</figcaption></figure>')
+    return head + _table(["kind", "bucket", "hours", "share"], rows) + chart
 
 
 def render(doc: dict[str, Any], charts: list[str], out: Path, command: str) -> str:
@@ -93,7 +132,7 @@ def render(doc: dict[str, Any], charts: list[str], out: Path, command: str) -> s
         nccl_html = (f"<p>None attached: <code>lingjun-slurm nccl-test --outdir {e(run['run_dir'])}/nccl-tests/NAME</code> "
                      "puts one here.</p>")
     figures = []
-    for name in charts:
+    for name in [c for c in charts if c != "goodput.png"]:  # goodput.png: in its own section
         data = base64.b64encode((out / name).read_bytes()).decode()
         figures.append(f'<figure><img alt="{e(CAPTIONS.get(name, name))}" src="data:image/png;base64,{data}">'
                        f'<figcaption>{e(CAPTIONS.get(name, name))} (<a href="{e(name)}">{e(name)}</a>)</figcaption>'
@@ -113,9 +152,11 @@ figure {{ margin: 1em 0; }} img {{ max-width: 100%; }}
 footer {{ color: #666; font-size: 0.8em; margin-top: 2em; }}
 </style></head><body>
 <h1>Run {e(run['run_id'])}</h1>
-{_table(["", ""], summary)}
+{_pairs(summary)}
 <h2>Stages</h2>
 {stages}
+<h2>Goodput</h2>
+{_goodput_html(doc.get("goodput") or {}, charts, out)}
 <h2>Training</h2>
 {''.join(figures) if figures else '<p>No training metrics in this run (metrics.jsonl is written by the builtin trainer).</p>'}
 <h2>Events</h2>
