@@ -83,6 +83,34 @@ def test_execute_fresh_node_then_nothing_changes(make_node, os_family):
     assert_idempotent(node, "execute")
 
 
+def test_execute_makes_the_textfile_directory_writable_by_jobs(make_node):
+    """monitoring.textfile_dir: a directory of the jobs' own becomes 1777 (sticky, as /tmp) so jobs can
+    keep their .prom files there; Debian's system directory, where prometheus-node-exporter-collectors
+    writes as root, stays root-owned 0755 even when the key names it (a world-writable one would let
+    any user fake node metrics or break the scrape; docs/monitoring.md)."""
+    node = make_node()
+    node.service_running("slurmd")
+    assert node.run("execute").returncode == 0
+    own = "/var/lib/prometheus/node-exporter-lingjun-slurm"
+    system = "/var/lib/prometheus/node-exporter"
+    assert not node.path(own).exists(), "no key: no directory"
+    node.path(system).mkdir(parents=True, mode=0o755)
+    node.path(system).chmod(0o755)
+    node.config["lingjun_slurm.monitoring.textfile_dir"] = system
+    refused = node.run("execute")
+    assert refused.returncode == 0, refused.stderr
+    assert node.mode(system) == 0o755
+    assert "system textfile directory: left as it is" in refused.stderr
+    assert not any(system in line for line in changes(refused.stdout))
+    node.config["lingjun_slurm.monitoring.textfile_dir"] = own
+    again = node.run("execute")
+    assert again.returncode == 0, again.stderr
+    assert node.mode(own) == 0o1777
+    assert node.mode(system) == 0o755
+    assert any(own in line for line in changes(again.stdout))
+    assert_idempotent(node, "execute")
+
+
 def test_scheduler_gets_pyxis_and_the_health_check_settings(make_node):
     node = make_node()
     node.service_running("slurmctld")

@@ -680,6 +680,8 @@ def test_which_nodes_get_which_spec(ours):
 # "Parameters"); test_every_config_key_is_a_parameter_or_not_exposed keeps this list and the
 # template together, so a new key must be put on the page or here.
 NOT_EXPOSED = {
+    "lingjun_slurm.monitoring.textfile_dir": "only for clusters whose node_exporter runs the textfile collector; "
+                                             "the directory is that collector's setting, not a template choice",
     "lingjun_slurm.pins_file": "replaces every pinned version and checksum at once: a change to the project "
                                "(files/pins.tsv), tested with it, not a per-cluster choice",
     "lingjun_slurm.enroot.version": "a version needs its package checksums in the pins file; the per-cluster "

@@ -4,6 +4,7 @@
         --startup-timeout S --log-interval N --pid SRUN_PID --stacks-dir DIR --record FILE
         [--grace S] [--ntasks N] [--executor slurm|local] [--job ID] [--poll S] [--floor-factor F]
         [--scancel PATH] [--run-dir DIR]
+        [--textfile-dir DIR --textfile-staging DIR --run-id RUN --stage NAME --job-key KEY --seq-length N]
         [--straggler-action off|log|exclude|requeue --straggler-threshold X --straggler-windows N
          --straggler-window-s S --steps FILE --straggler-record FILE --iterations N --pipeline N
          --jobs-file FILE --metrics FILE --plan plan.json]
@@ -18,6 +19,16 @@ asked to save and exit as at the time limit (Actions.request_save), and the watc
 watching for hangs (a save is no hang, as on_time_limit says). --plan gives the detector
 Megatron-LM's parallel sizes, rank order and overlap flags (straggler.layout_from_plan). A detector
 error never stops the hang watchdog.
+
+Metrics for Prometheus (--textfile-dir; docs/monitoring.md): every poll the watchdog rewrites
+lingjun-slurm_<job>_<node>_watchdog.prom for node_exporter's textfile collector (promfile.py): its
+state, the last checkpoint's iteration and age, this job's goodput buckets so far (ledger.py
+job_buckets, at most every GOODPUT_EVERY_S), and for --format megatron the training numbers of the
+log lines it follows (Exporter). It also publishes the builtin trainer's file: rank 0 writes it into
+--textfile-staging (<run_dir>/textfile, in the container through the run directory's own mount) and
+the watchdog copies it into --textfile-dir when it changed (promfile.publish); no container mounts
+the textfile directory (a pyxis mount of a path missing on one node fails the step: promfile.py).
+The files go when the watchdog ends, except after a hang.
 
 Started by the batch script in the background, on the batch host, after srun (its pid is --pid).
 It follows FILE from its current end (what an earlier attempt wrote is only used to learn the
@@ -411,6 +422,173 @@ class Actions:
         return f"kill -TERM {self.pid}" if _kill(self.pid, signal.SIGTERM) else "none (the launcher is gone)"
 
 
+# Metrics for node_exporter's textfile collector (--textfile-dir; docs/monitoring.md). For --format
+# megatron the training numbers come from the same log lines: training_log's fields (training.py
+# core_v0.16.1:2034-2075: ' learning rate: {:.6E} |', ' global batch size: {:5d} |', ' lm loss: {:.6E} |',
+# ' throughput per GPU (TFLOP/s/GPU): {:.1f} |'), report_memory (utils.py core_v0.16.1:279-291:
+# "[Rank N] ... memory (MB) | allocated: A | max allocated: M | ..."), and save_checkpoint's
+# "successfully saved checkpoint from iteration {:7d} to ..." (checkpointing.py core_v0.16.1:727).
+_FLOAT = r"([-+]?(?:[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?|nan|inf))"
+MEGATRON_FIELDS = (
+    ("loss", re.compile(r"\blm loss:\s*" + _FLOAT, re.IGNORECASE)),
+    ("lr", re.compile(r"\blearning rate:\s*" + _FLOAT)),
+    ("tflops_per_gpu", re.compile(r"throughput per GPU \(TFLOP/s/GPU\):\s*" + _FLOAT)),
+    ("global_batch", re.compile(r"global batch size:\s*([0-9]+)")),
+)
+MEGATRON_MEMORY = re.compile(r"\[Rank (\d+)\] .*memory \(MB\) \| allocated: [0-9.]+ \| max allocated: ([0-9.]+)")
+MEGATRON_SAVED = re.compile(r"successfully saved checkpoint from iteration\s+(\d+)")
+GOODPUT_EVERY_S = 15.0  # the ledger reads this job's records: not every poll
+
+
+class Exporter:
+    """The watchdog's file for node_exporter's textfile collector (lingjun_slurm/injob/host/promfile.py):
+    its state, the last checkpoint (iteration, age), this job's goodput buckets so far (helper module
+    lingjun_slurm.injob.host.ledger, job_buckets), and for --format megatron the training numbers from
+    the log lines it follows. The builtin trainer's rank 0 writes its training numbers itself
+    (injob/train/metrics.py PromFile): no series is in both files."""
+
+    def __init__(self, directory: str, fmt: str, run: str, stage: str, job: str, node: str,
+                 run_dir: Optional[str] = None, seq_length: Optional[int] = None,
+                 clock: Callable[[], float] = time.time, staging: Optional[str] = None) -> None:
+        from . import promfile
+
+        self.fmt, self.run_dir, self.job, self.seq_length, self.clock = fmt, run_dir, job, seq_length, clock
+        self.directory, self.staging = directory, staging
+        self.published: dict[str, tuple[int, int, int]] = {}  # promfile.publish's memory
+        self._publish_failed = False
+        self.writer = promfile.Writer(directory, job, node, "watchdog",
+                                      {"run": run, "stage": stage, "slurm_job": job, "node": node},
+                                      warn=lambda text: print(f"{PREFIX} metrics for Prometheus: {text}",
+                                                              file=sys.stderr, flush=True))
+        self.train: dict[str, float] = {}
+        self.memory: dict[str, float] = {}  # rank -> bytes
+        self.ckpt_iteration: Optional[int] = None
+        self.ckpt_time: Optional[float] = None
+        self.goodput: dict[str, float] = {}
+        self._goodput_at: Optional[float] = None
+        self._ledger: Any = None
+        self.goodput_note: Optional[str] = None
+
+    def feed(self, line: str, event: Optional[Event], wall: Optional[float]) -> None:
+        """One line of the progress file; wall None for what an earlier attempt wrote (time unknown)."""
+        if self.fmt == "builtin":
+            rec = _json_record(line)
+            if rec is not None and rec.get("type") == "save" and isinstance(rec.get("iteration"), int):
+                t = rec.get("time")
+                self.ckpt_iteration = rec["iteration"]
+                self.ckpt_time = float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else wall
+            return
+        m = MEGATRON_SAVED.search(line)
+        if m:
+            self.ckpt_iteration, self.ckpt_time = int(m.group(1)), wall
+            return
+        m = MEGATRON_MEMORY.search(line)
+        if m:
+            self.memory[m.group(1)] = float(m.group(2)) * 1024 * 1024
+            return
+        if event is None or event.kind != "iteration":
+            return
+        train: dict[str, float] = {"iteration": float(event.iteration or 0)}
+        if event.step_time_s:
+            train["step_time_s"] = event.step_time_s
+        for key, rx in MEGATRON_FIELDS:
+            fm = rx.search(line)
+            if fm:
+                try:
+                    train[key] = float(fm.group(1))
+                except ValueError:
+                    pass
+        if self.seq_length and event.step_time_s and "global_batch" in train:
+            train["tokens_per_s"] = train["global_batch"] * self.seq_length / event.step_time_s
+        train.pop("global_batch", None)
+        self.train = train
+
+    def _poll_goodput(self, now: float) -> None:
+        if not self.run_dir or (self._goodput_at is not None and now - self._goodput_at < GOODPUT_EVERY_S):
+            return
+        self._goodput_at = now
+        if self._ledger is None:
+            try:
+                from . import ledger  # helper A's module (issue 30): the buckets of this job so far
+                self._ledger = ledger
+            except ImportError as exc:
+                self._ledger = False
+                self.goodput_note = f"no goodput series: {exc}"
+                print(f"{PREFIX} metrics for Prometheus: {self.goodput_note}", file=sys.stderr, flush=True)
+        if not self._ledger:
+            return
+        try:
+            buckets = self._ledger.job_buckets(self.run_dir, self.job, now)
+            self.goodput = {str(k): float(v) for k, v in buckets.items()}
+        except Exception as exc:  # noqa: BLE001 - metrics are extra: the hang watchdog goes on
+            if self.goodput_note is None:
+                self.goodput_note = f"goodput buckets not read: {type(exc).__name__}: {exc}"
+                print(f"{PREFIX} metrics for Prometheus: {self.goodput_note}", file=sys.stderr, flush=True)
+
+    def write(self, state: State, now_mono: float, hang: bool = False) -> None:
+        now = self.clock()
+        self._poll_goodput(now)
+        current = "hang" if hang else state.phase
+        samples: list[tuple[str, dict[str, str], Any]] = [
+            ("lingjun_watchdog_state", {"state": name}, 1 if name == current else 0)
+            for name in ("startup", "training", "hang")]
+        samples += [("lingjun_watchdog_idle_seconds", {}, round(max(0.0, now_mono - state.last_activity), 3)),
+                    ("lingjun_watchdog_timeout_seconds", {}, round(state.effective_timeout(), 3))]
+        if self.fmt == "megatron":
+            names = {"iteration": "lingjun_train_iteration", "loss": "lingjun_train_loss",
+                     "lr": "lingjun_train_learning_rate", "tokens_per_s": "lingjun_train_tokens_per_second",
+                     "step_time_s": "lingjun_train_step_seconds", "tflops_per_gpu": "lingjun_train_tflops_per_gpu"}
+            for key, value in self.train.items():
+                samples.append((names[key], {}, int(value) if key == "iteration" else value))
+            samples += [("lingjun_train_memory_peak_bytes", {"rank": rank}, value)
+                        for rank, value in sorted(self.memory.items())]
+            if self.ckpt_iteration is not None:
+                samples.append(("lingjun_checkpoint_iteration", {}, self.ckpt_iteration))
+        if self.ckpt_time is not None:
+            samples.append(("lingjun_checkpoint_age_seconds", {}, round(max(0.0, now - self.ckpt_time), 3)))
+        samples += [("lingjun_goodput_seconds", {"bucket": b}, round(v, 3)) for b, v in sorted(self.goodput.items())]
+        samples.append(("lingjun_metrics_updated_timestamp_seconds", {}, round(now, 3)))
+        self.writer.write(samples)
+        self.publish()
+
+    def publish(self) -> None:
+        """The trainer's staged file into the textfile directory (promfile.publish); said once when it fails."""
+        if not self.staging:
+            return
+        from . import promfile
+
+        try:
+            promfile.publish(self.staging, self.directory, self.job, self.published)
+        except OSError as exc:
+            if not self._publish_failed:
+                print(f"{PREFIX} metrics for Prometheus: cannot publish the trainer's file from {self.staging}: {exc}",
+                      file=sys.stderr, flush=True)
+            self._publish_failed = True
+
+    def remove(self) -> None:
+        """Its own file and the copies it published."""
+        from . import promfile
+
+        self.writer.remove()
+        for name in list(self.published):
+            try:
+                promfile.remove(os.path.join(self.directory, name))
+            except OSError:
+                pass
+            del self.published[name]
+
+
+def _json_record(line: str) -> Optional[dict[str, Any]]:
+    line = line.strip()
+    if not line.startswith("{"):
+        return None
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
 @dataclass
 class Options:
     format: str
@@ -431,6 +609,7 @@ class Options:
     run_dir: Optional[str] = None  # the hang's one line for `status` goes to <run_dir>/stage-notes/train.txt
     straggler: Any = None  # straggler.Watch, or None (straggler_action off)
     steps: Optional[str] = None  # the builtin trainer's steps/<attempt>.jsonl
+    exporter: Any = None  # Exporter (--textfile-dir), or None
 
 
 def _iso(wall: Optional[float]) -> str:
@@ -476,13 +655,21 @@ def watch(opts: Options, actions: Actions, clock: Callable[[], float] = time.mon
     state = State(opts.timeout, opts.startup_timeout, max(1, interval), opts.floor_factor, started=clock())
     follower = Follower(opts.progress, from_end=True)
     for line in follower.initial:
-        state.calibrate(parse(line))
+        event = parse(line)
+        state.calibrate(event)
+        if opts.exporter is not None:
+            opts.exporter.feed(line, event, None)  # the last checkpoint an earlier attempt saved
     steps = Follower(opts.steps, from_end=False) if opts.straggler is not None and opts.steps else None
     while True:
         now, wall = clock(), time.time()
         lines = follower.lines()
         for line in lines:
-            state.feed(parse(line), now, wall)
+            event = parse(line)
+            state.feed(event, now, wall)
+            if opts.exporter is not None:
+                opts.exporter.feed(line, event, wall)
+        if opts.exporter is not None:
+            _poll_exporter(opts, state, now)
         if opts.straggler is not None:
             _poll_straggler(opts, steps.lines() if steps is not None else lines, state.last_iteration)
             if opts.straggler is not None and opts.straggler.stop_requested:
@@ -500,6 +687,14 @@ def watch(opts: Options, actions: Actions, clock: Callable[[], float] = time.mon
         if due:
             return _handle_hang(opts, actions, state, start_wall, clock, sleep)
         sleep(opts.poll)
+
+
+def _poll_exporter(opts: Options, state: State, now: float, hang: bool = False) -> None:
+    try:
+        opts.exporter.write(state, now, hang)
+    except Exception as exc:  # noqa: BLE001 - metrics are extra: the hang watchdog goes on
+        print(f"{PREFIX} metrics for Prometheus stopped: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        opts.exporter = None
 
 
 def _poll_straggler(opts: Options, lines: list[str], last_iteration: Optional[int]) -> None:
@@ -528,6 +723,8 @@ def _handle_hang(opts: Options, actions: Actions, state: State, start_wall: floa
     print(f"{PREFIX} no new iteration for {idle:.0f} s ({last}): collecting stack traces and ending the step",
           file=sys.stderr, flush=True)
     note_hang(opts.run_dir, state.last_iteration, timeout)
+    if opts.exporter is not None:
+        _poll_exporter(opts, state, now, hang=True)
     record: dict[str, Any] = {
         "type": "hang", "schema": SCHEMA, "job": opts.job, "restart": opts.restart, "phase": state.phase,
         "last_iteration": state.last_iteration,
@@ -607,6 +804,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--metrics", default=None, help="metrics.jsonl: first iterations and save times")
     p.add_argument("--plan", default=None, help="plan.json: Megatron-LM's parallel sizes, rank order and overlap "
                    "flags for the straggler detector (settings.parallelism, settings.training.extra_args)")
+    p.add_argument("--textfile-dir", default=None, help="node_exporter's textfile collector directory: write "
+                   "lingjun-slurm_<job>_<node>_watchdog.prom there (docs/monitoring.md)")
+    p.add_argument("--run-id", default=None, help="the run label of the metrics (--textfile-dir)")
+    p.add_argument("--stage", default="train", help="the stage label of the metrics (--textfile-dir)")
+    p.add_argument("--job-key", default=None, help="the job label and file name part (default --job)")
+    p.add_argument("--textfile-staging", default=None, help="where the builtin trainer's rank 0 writes its .prom "
+                   "file (<run_dir>/textfile): copied into --textfile-dir when it changes")
+    p.add_argument("--seq-length", type=int, default=None, help="megatron: tokens/s = global batch x this / step time")
     a = p.parse_args(argv)
     if a.log_interval < 1:
         p.error("--log-interval must be >= 1")
@@ -619,6 +824,12 @@ def main(argv: Optional[list[str]] = None) -> int:
                    a.record, a.grace, a.ntasks, a.poll, a.floor_factor, a.job, int(restart) if restart.isdigit() else 0,
                    hold_signals=True, run_dir=a.run_dir)
     actions = Actions(a.executor, a.pid, a.job, a.scancel)
+    if a.textfile_dir:
+        from .promfile import node_name
+
+        key = a.job_key or a.job or "none"
+        opts.exporter = Exporter(a.textfile_dir, a.format, a.run_id or os.path.basename(a.run_dir or "") or "none",
+                                 a.stage, key, node_name(), a.run_dir, a.seq_length, staging=a.textfile_staging)
     if a.straggler_action != "off":
         from .straggler import PREFIX as S_PREFIX, Layout, Watch, layout_from_plan
 
@@ -639,7 +850,16 @@ def main(argv: Optional[list[str]] = None) -> int:
                                layout=layout, world=a.ntasks)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: sys.exit(0))  # the batch script stops it (time limit, the step ended)
-    return watch(opts, actions)
+    exporter = opts.exporter
+    rc = 0
+    try:
+        rc = watch(opts, actions)
+        return rc
+    finally:
+        # Its file goes with it (the batch script removes the job's files at the job's end too), except
+        # after a hang: the state "hang" stays visible until the job ends or is requeued.
+        if exporter is not None and rc != HANG_EXIT:
+            exporter.remove()
 
 
 if __name__ == "__main__":

@@ -82,19 +82,94 @@ def tensorboard_writer(run_dir: str) -> Any:
         return None
 
 
+# node_exporter textfile collector (docs/monitoring.md; lingjun_slurm/injob/host/promfile.py): the
+# batch script exports these when monitoring.textfile_dir is set (slurm_templates/train.sbatch.j2).
+# LINGJUN_TEXTFILE_DIR is <run_dir>/textfile, in the run directory (no mount of its own in the
+# container), not node_exporter's directory: the hang watchdog copies the file there on the batch
+# host (promfile.publish).
+TEXTFILE_DIR_ENV = "LINGJUN_TEXTFILE_DIR"
+TEXTFILE_JOB_ENV = "LINGJUN_TEXTFILE_JOB"  # the batch script's job key (the file's name has it)
+TEXTFILE_STAGE_ENV = "LINGJUN_TEXTFILE_STAGE"
+PROM_MIN_INTERVAL_S = 1.0  # at most one rewrite a second between saves (a scrape is every 15 s or more)
+# metrics.jsonl "train" field -> family (promfile.FAMILIES)
+PROM_TRAIN = (("iteration", "lingjun_train_iteration"), ("loss", "lingjun_train_loss"),
+              ("lr", "lingjun_train_learning_rate"), ("tokens_per_s", "lingjun_train_tokens_per_second"),
+              ("step_time_s", "lingjun_train_step_seconds"), ("tflops_per_gpu", "lingjun_train_tflops_per_gpu"),
+              ("mfu", "lingjun_train_mfu_ratio"), ("max_memory_allocated", "lingjun_train_memory_peak_bytes"))
+
+
+class PromFile:
+    """Rank 0's file for node_exporter's textfile collector: the last "train" record and the last
+    save, labels run, stage, job, node, rank. None of these series is the watchdog's (it writes
+    the watchdog's state, the checkpoint's age and the goodput buckets; promfile.py)."""
+
+    def __init__(self, directory: str, run_id: str, rank: int) -> None:
+        from ..host import promfile
+
+        job = os.environ.get(TEXTFILE_JOB_ENV) or os.environ.get("SLURM_JOB_ID") or "none"
+        node = promfile.node_name()
+        try:
+            os.makedirs(directory, exist_ok=True)  # the batch script makes it; a missing one is said at write
+        except OSError:
+            pass
+        self._writer = promfile.Writer(directory, job, node, "train",
+                                       {"run": run_id, "stage": os.environ.get(TEXTFILE_STAGE_ENV) or "train",
+                                        "slurm_job": job, "node": node, "rank": str(rank)},
+                                       warn=lambda text: log.warning("metrics for Prometheus: %s", text))
+        self._last: dict[str, Any] = {}
+        self._save: dict[str, Any] = {}
+        self._written = 0.0
+
+    @property
+    def path(self) -> str:
+        return self._writer.path
+
+    def update(self, kind: str, fields: dict[str, Any], force: bool = False) -> None:
+        if kind == "train":
+            self._last = fields
+        elif kind == "save":
+            self._save, force = fields, True
+        else:
+            return
+        now = time.monotonic()
+        if force or now - self._written >= PROM_MIN_INTERVAL_S:
+            self.flush()
+            self._written = now
+
+    def remove(self) -> None:
+        self._writer.remove()
+
+    def flush(self) -> None:
+        samples: list[tuple[str, dict[str, str], Any]] = []
+        for key, family in PROM_TRAIN:
+            value = self._last.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                samples.append((family, {}, value))
+        if isinstance(self._save.get("iteration"), int):
+            samples.append(("lingjun_checkpoint_iteration", {}, self._save["iteration"]))
+            samples.append(("lingjun_checkpoint_saved_timestamp_seconds", {}, self._save["time"]))
+        samples.append(("lingjun_metrics_updated_timestamp_seconds", {}, round(time.time(), 3)))
+        self._writer.write(samples)
+
+
 class Metrics:
     """Writes metrics.jsonl and log lines, and TensorBoard event files when tensorboard is
-    installed; a no-op writer on ranks other than 0."""
+    installed, and a file for node_exporter's textfile collector when the batch script exported
+    LINGJUN_TEXTFILE_DIR; a no-op writer on ranks other than 0."""
 
     def __init__(self, path: str, run_id: str, enabled: bool, log_interval: int) -> None:
         self.path, self.run_id, self.enabled, self.log_interval = path, run_id, enabled, max(1, log_interval)
         self._fh: TextIO | None = None
         self._window: list[dict[str, Any]] = []
         self._tb: Any = None
+        self.prom: PromFile | None = None
         if enabled:
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
             self._fh = open(path, "a", encoding="utf-8")
             self._tb = tensorboard_writer(os.path.dirname(path) or ".")
+            textfile_dir = os.environ.get(TEXTFILE_DIR_ENV)
+            if textfile_dir:
+                self.prom = PromFile(textfile_dir, run_id, 0)
 
     def record(self, kind: str, **fields: Any) -> None:
         if not self._fh:
@@ -102,6 +177,8 @@ class Metrics:
         rec = {"type": kind, "time": round(time.time(), 3), "run_id": self.run_id, **fields}
         self._fh.write(json.dumps(rec, allow_nan=True) + "\n")
         self._fh.flush()
+        if self.prom is not None:
+            self.prom.update(kind, rec)
 
     def train(self, total_iterations: int, **fields: Any) -> None:
         if not self.enabled:
@@ -152,6 +229,11 @@ class Metrics:
         log.info(f"validation at iteration {iteration} | loss {loss:.6f} | ppl {ppl:.3f}")
 
     def close(self) -> None:
+        if self.prom is not None:
+            # Its series end with the trainer: the watchdog then removes its published copy
+            # (promfile.publish), and no stale staged file is left for a later attempt.
+            self.prom.remove()
+            self.prom = None
         if self._fh:
             self._fh.close()
             self._fh = None

@@ -21,6 +21,28 @@ lj_role_default() {
     lj_state_write default "CONFIG_MODE=$LJ_CONFIG_MODE"
 }
 
+# A textfile directory of the jobs' own, writable by every job (sticky, as /tmp): the train
+# stage's hang watchdog keeps lingjun-slurm_<job>_<node>_*.prom files there while a job runs, as
+# its user (docs/monitoring.md). A directory of its own, e.g.
+# /var/lib/prometheus/node-exporter-lingjun-slurm, never Debian's system one
+# /var/lib/prometheus/node-exporter (root-owned 0755, where prometheus-node-exporter-collectors'
+# timers write as root): world-writable, any user could put a file there that fails to parse
+# (node_textfile_scrape_error 1) or fakes node metrics (node_exporter collector/textfile.go v1.5.0
+# lines 197-244 read every *.prom of every directory the flag's glob matches). That one is left
+# as it is, with a warning; node_exporter is pointed at both with a glob
+# (--collector.textfile.directory=/var/lib/prometheus/node-exporter*, 1.5.0) or a repeated flag (>= 1.9.0).
+lj_textfile_dir() {
+    local dir
+    dir=$(lj_cfg monitoring.textfile_dir)
+    [ -n "$dir" ] || return 0
+    case "${dir%/}" in
+        /var/lib/prometheus/node-exporter)
+            lj_warn "monitoring.textfile_dir $dir is node_exporter's system textfile directory: left as it is (not made world-writable); use a directory of its own, e.g. /var/lib/prometheus/node-exporter-lingjun-slurm (docs/monitoring.md)"
+            return 0 ;;
+    esac
+    lj_ensure_dir "$dir" 1777
+}
+
 lj_role_execute() {
     local pyxis_mode
     pyxis_mode=$(lj_cfg pyxis.mode)
@@ -44,6 +66,7 @@ lj_role_execute() {
         lj_nccl_install
     fi
     lj_health_install
+    lj_textfile_dir
     lj_state_write execute "SCRATCH=$LJ_SCRATCH" \
         "ENROOT_INSTALL=$(lj_cfg enroot.install)" "ENROOT_VERSION=$(lj_cfg enroot.version)" \
         "HOOKS=$(lj_cfg enroot.hooks)" "PYXIS_MODE=$pyxis_mode" "PYXIS_PLUGIN=$LJ_PYXIS_PLUGIN" \

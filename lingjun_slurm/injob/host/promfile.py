@@ -1,0 +1,243 @@
+"""Files for node_exporter's textfile collector: the Prometheus text exposition format, no timestamps.
+
+Written by the hang watchdog (lingjun_slurm/injob/host/watchdog.py) into the directory that
+monitoring.textfile_dir names (docs/monitoring.md), on the batch host: its own file, and a copy of
+the one the builtin trainer's rank 0 (lingjun_slurm/injob/train/metrics.py) keeps in the run
+directory (<run_dir>/textfile/, shared storage the container already mounts; `publish`). The
+trainer does not write into textfile_dir itself: that would need a container mount of it, and
+pyxis bind-mounts a host path that must exist on every node (NVIDIA/pyxis args.c:294 at
+v0.24.0, "x-create=auto,rbind": x-create makes only the target inside the container), so one
+node without the directory would fail the whole step. Standard library only: the watchdog runs
+on the batch host, outside the container.
+
+What node_exporter accepts (prometheus/node_exporter collector/textfile.go, at v1.5.0, Debian 12's
+prometheus-node-exporter 1.5.0, and at a7dcc3a0 (2026-08-08), Update/processFile/hasTimestamps):
+- only files whose name ends in ".prom" are read (`strings.HasSuffix(f.Name(), ".prom")`): the
+  temporary file is named ".<name>.tmp.<pid>" (".lingjun-slurm_<job>_<node>_<writer>.prom.tmp.<pid>")
+  so a half-written file is never read, then
+  os.replace()d onto its name (rename(2) within one directory is atomic);
+- a file with any sample that carries a timestamp is skipped whole ("contains unsupported
+  client-side timestamps, skipping entire file"): no sample here has one;
+- a file that does not parse is skipped and node_textfile_scrape_error becomes 1;
+- families of one name in several files are merged; from v1.8.0 (not at v1.5.0) a different
+  HELP text for the same name in two files is an error (metricsNamesToHelpTexts), so every writer
+  takes a family's HELP from FAMILIES below; the same series (name and labels) in two files is a
+  duplicate that client_golang's registry rejects, so the trainer and the watchdog write disjoint series;
+- a label missing from some samples of a family is added to them as "" (convertMetricFamily).
+The format itself (prometheus/docs docs/instrumenting/exposition_formats.md at c105550a, "Text
+format details"): lines end in "\\n", the last one too; `# HELP name text` with "\\\\" and "\\n"
+escaped; `# TYPE name gauge` before the first sample; label values escape backslash, double
+quote and line feed as \\\\, \\" and \\n; values as Go's ParseFloat reads them, NaN, +Inf, -Inf.
+
+Labels: run, stage, slurm_job, node, and rank where a series is one rank's. Not "job" (nor
+"instance"): Prometheus attaches those to every scraped series itself, and with the default
+honor_labels: false a scraped label of that name is renamed "exported_job" (prometheus/prometheus
+docs/configuration/configuration.md, scrape_config honor_labels; seen with Debian's prometheus
+2.42.0 in tests/integration/test_prometheus.py). Every label set is bounded: one run, stage, job
+and node per file, a bucket or state name from a fixed list.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from typing import Callable, Iterable, Mapping, Optional, Union
+
+NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")  # exposition_formats.md: metric_name (legacy set)
+LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")  # label_name; names starting "__" are reserved
+PREFIX = "lingjun-slurm"  # every file this tool writes: lingjun-slurm_<job>_<node>_<writer>.prom
+Number = Union[int, float]
+
+# name -> (type, HELP). One table for every writer (HELP must agree across files, see above).
+FAMILIES: dict[str, tuple[str, str]] = {
+    "lingjun_train_iteration": ("gauge", "Last training iteration finished."),
+    "lingjun_train_loss": ("gauge", "Training loss (lm loss) at the last iteration written."),
+    "lingjun_train_learning_rate": ("gauge", "Learning rate at the last iteration written."),
+    "lingjun_train_tokens_per_second": ("gauge", "Training tokens per second at the last iteration written."),
+    "lingjun_train_step_seconds": ("gauge", "Seconds per iteration (elapsed time per iteration)."),
+    "lingjun_train_tflops_per_gpu": ("gauge", "Model TFLOP/s per GPU at the last iteration written."),
+    "lingjun_train_mfu_ratio": ("gauge", "Model FLOPs utilisation (0-1) at the last iteration written."),
+    "lingjun_train_memory_peak_bytes": ("gauge", "Peak GPU memory allocated by the rank (torch max_memory_allocated)."),
+    "lingjun_checkpoint_iteration": ("gauge", "Iteration of the last checkpoint saved."),
+    "lingjun_checkpoint_age_seconds": ("gauge", "Seconds since the last checkpoint was saved, when written."),
+    "lingjun_checkpoint_saved_timestamp_seconds": ("gauge", "UNIX time the last checkpoint was saved."),
+    "lingjun_watchdog_state": ("gauge", "The hang watchdog's state: 1 for the current one of "
+                                        "startup, training, hang."),
+    "lingjun_watchdog_idle_seconds": ("gauge", "Seconds since the last iteration or activity."),
+    "lingjun_watchdog_timeout_seconds": ("gauge", "The hang timeout in force."),
+    "lingjun_goodput_seconds": ("gauge", "This job's allocation so far per goodput bucket (GPU-seconds, or "
+                                         "CPU-seconds for jobs without GPUs)."),
+    "lingjun_metrics_updated_timestamp_seconds": ("gauge", "UNIX time this file was written."),
+}
+
+
+class PromError(ValueError):
+    pass
+
+
+def escape_label_value(value: str) -> str:
+    """exposition_formats.md: backslash, double-quote and line feed as \\\\, \\" and \\n."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def escape_help(text: str) -> str:
+    """HELP text: backslash and line feed only."""
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def format_value(value: Number) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise PromError(f"not a number: {value!r}")
+    if isinstance(value, int):
+        return str(value)
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(value)  # shortest round-trip text; Go's ParseFloat reads it ("1e-05", "0.1")
+
+
+def _labels(labels: Mapping[str, str]) -> str:
+    if not labels:
+        return ""
+    parts = []
+    for key in sorted(labels):
+        if not LABEL.match(key) or key.startswith("__"):
+            raise PromError(f"bad label name {key!r}")
+        parts.append(f'{key}="{escape_label_value(str(labels[key]))}"')
+    return "{" + ",".join(parts) + "}"
+
+
+Sample = tuple[str, Mapping[str, str], Optional[Number]]  # (family name, labels, value or None)
+
+
+def render(samples: Iterable[Sample]) -> str:
+    """The text format: per family HELP, TYPE, then its samples; families in first-seen order.
+    A sample whose value is None is left out (unknown is no sample, not a 0)."""
+    order: list[str] = []
+    by_name: dict[str, list[str]] = {}
+    seen: set[tuple[str, str]] = set()
+    for name, labels, value in samples:
+        if value is None:
+            continue
+        if not NAME.match(name):
+            raise PromError(f"bad metric name {name!r}")
+        text = _labels(labels)
+        if (name, text) in seen:
+            raise PromError(f"two samples of {name}{text}")  # the collector would fail the whole scrape
+        seen.add((name, text))
+        if name not in by_name:
+            order.append(name)
+            by_name[name] = []
+        by_name[name].append(f"{name}{text} {format_value(value)}\n")
+    out = []
+    for name in order:
+        kind, help_text = FAMILIES.get(name, ("untyped", ""))
+        if help_text:
+            out.append(f"# HELP {name} {escape_help(help_text)}\n")
+        out.append(f"# TYPE {name} {kind}\n")
+        out.extend(by_name[name])
+    return "".join(out)
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9.-]")
+
+
+def file_name(job: str, node: str, writer: str) -> str:
+    """lingjun-slurm_<job>_<node>_<writer>.prom: one file per job, node and writer; the batch script
+    removes lingjun-slurm_<job>_*.prom at the job's end. Characters other than [A-Za-z0-9.-] become '-'."""
+    return f"{PREFIX}_{_UNSAFE.sub('-', job)}_{_UNSAFE.sub('-', node)}_{_UNSAFE.sub('-', writer)}.prom"
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Write to <path>.tmp.<pid> (not *.prom: the collector skips it) and rename onto path, so a scrape
+    sees the old file or the new one, never half of one. Mode 0644: node_exporter runs as its own user."""
+    directory = os.path.dirname(path) or "."
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp.{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def job_prefix(job: str) -> str:
+    """The start of every file name of this job (file_name), and what the batch script removes."""
+    return f"{PREFIX}_{_UNSAFE.sub('-', job)}_"
+
+
+def publish(staging: str, directory: str, job: str, published: dict[str, tuple[int, int, int]]) -> None:
+    """Copy this job's *.prom files from `staging` (<run_dir>/textfile, where the trainer writes them,
+    each by write_atomic) into node_exporter's `directory`, each with write_atomic again, only when the
+    staged file changed (a new inode, mtime or size: the trainer's rename makes a new inode); remove the
+    copy of one that left `staging` (the trainer removes its file when it stops). `published` (name ->
+    stat key) is the caller's memory between calls, updated here. Raises OSError."""
+    start = job_prefix(job)
+    try:
+        names = [n for n in os.listdir(staging) if n.startswith(start) and n.endswith(".prom")]
+    except FileNotFoundError:
+        names = []
+    for name in names:
+        src = os.path.join(staging, name)
+        try:
+            st = os.stat(src)
+            key = (st.st_ino, st.st_mtime_ns, st.st_size)
+            if published.get(name) == key:
+                continue
+            with open(src, encoding="utf-8") as fh:
+                text = fh.read()
+        except FileNotFoundError:  # removed between listdir and open
+            continue
+        write_atomic(os.path.join(directory, name), text)
+        published[name] = key
+    for name in [n for n in published if n not in names]:
+        remove(os.path.join(directory, name))
+        del published[name]
+
+
+def remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def node_name() -> str:
+    """Slurm's name for this node (slurmd sets SLURMD_NODENAME in every task and the batch script),
+    else the host name."""
+    return os.environ.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
+
+
+class Writer:
+    """One file; write() renders and replaces it. Errors are said once and never stop the caller."""
+
+    def __init__(self, directory: str, job: str, node: str, writer: str, base_labels: Mapping[str, str],
+                 warn: Optional[Callable[[str], None]] = None) -> None:
+        self.path = os.path.join(directory, file_name(job, node, writer))
+        self.base = dict(base_labels)
+        self.failed: Optional[str] = None
+        self._warn = warn
+
+    def write(self, samples: Iterable[tuple[str, Mapping[str, str], Optional[Number]]]) -> bool:
+        try:
+            text = render((n, {**self.base, **labels}, v) for n, labels, v in samples)
+            write_atomic(self.path, text)
+            return True
+        except (OSError, PromError) as exc:
+            if self.failed is None and self._warn is not None:
+                self._warn(f"cannot write {self.path}: {exc}")
+            self.failed = str(exc)
+            return False
+
+    def remove(self) -> None:
+        try:
+            remove(self.path)
+        except OSError:
+            pass
