@@ -6,5 +6,7 @@ and other standard-library-only lingjun_slurm modules (tests/unit/test_wings.py 
 one in a subprocess with every third-party package blocked):
 exclusion.py (the run's excluded nodes), watchdog.py (the hang watchdog), retry.py (retry or
 stop after a failed attempt), crashlog.py (which node a crash points at), stagenotes.py (the
-one-line cause a stage leaves for `lingjun-slurm status`).
+one-line cause a stage leaves for `lingjun-slurm status`), straggler.py (slow ranks from the step
+times), ledger.py (the goodput ledger: also imported by `status --goodput` and `report`),
+promfile.py (node_exporter textfiles).
 """
