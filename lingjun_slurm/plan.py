@@ -332,8 +332,8 @@ def _launcher(spec: Spec, st_kind: str, names: list[str], use_container: bool,
         if bind:
             words.append(f"--cpu-bind={bind}")
     if use_container:
-        # No mount of monitoring.textfile_dir: the trainer writes under the run directory and the
-        # watchdog copies the file on the host (docs/monitoring.md, promfile.py publish).
+        # No mount of monitoring.textfile_dir: the trainer stages its samples under the run directory and
+        # the watchdog writes the job's file on the host (docs/monitoring.md, promfile.py read_staged).
         words += pyxis_flags(spec.container, spec.run.workdir, names,
                              image=cplan.image_word() if cplan else None,
                              name=cplan.name_word() if cplan else None).flags

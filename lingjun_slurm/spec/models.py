@@ -652,9 +652,9 @@ class MonitoringSpec(SpecModel):
         default=None,
         description="A node_exporter textfile collector directory of the jobs' own (e.g. "
                     "/var/lib/prometheus/node-exporter-lingjun-slurm, never the system one): the hang watchdog keeps "
-                    "lingjun-slurm_<job>_<node>_*.prom files there on the batch host while the job runs, the "
-                    "trainer's copied from <run_dir>/textfile. Default: clusters.yaml's textfile_dir, else none "
-                    "(no files).")
+                    "one lingjun-slurm_<job>_<node>.prom file there on the batch host while the job runs, with the "
+                    "series the trainer stages in <run_dir>/textfile. Default: clusters.yaml's textfile_dir, else "
+                    "none (no files).")
 
 
 class StageToggle(SpecModel):

@@ -3,7 +3,9 @@ prometheus-node-exporter with only the textfile collector on a directory of the 
 prometheus scraping it every second on 127.0.0.1 with a config of the test's own, and a training run
 (builtin trainer, CPU) on the test Slurm cluster with monitoring.textfile_dir set to that directory.
 Prometheus's HTTP API (/api/v1/query) must have the loss series with the run's label, the values the
-trainer wrote to metrics.jsonl, the watchdog's state series, and the job's files must be gone at its end.
+trainer wrote to metrics.jsonl, the watchdog's state series, all from one file per job and node
+(lingjun-slurm_<job>_<node>.prom, node_exporter's node_textfile_mtime_seconds{file=...}) that
+node_exporter never failed to parse, and the job's file must be gone at its end.
 
 Skipped when the binaries are absent, except under CI (the env var CI set), where that fails:
 .ci/run installs them (apt-get install prometheus prometheus-node-exporter)."""
@@ -152,7 +154,7 @@ def test_the_loss_series_reaches_prometheus_through_node_exporter(tmp_path: Path
     run_id = submitted_run_id(cli("submit", str(spec), "--executor", "slurm", env=env).stdout)
     run_dir = tmp_path / "prom" / "runs" / run_id
 
-    # While the run trains: node_exporter serves the trainer's file (what Prometheus scrapes).
+    # While the run trains: node_exporter serves the job's one file (what Prometheus scrapes).
     seen_files: set[str] = set()
     deadline = time.time() + 600
     stages: dict[str, Any] = {}
@@ -163,14 +165,23 @@ def test_the_loss_series_reaches_prometheus_through_node_exporter(tmp_path: Path
             break
         time.sleep(0.5)
     assert stages and stages["train"]["state"] == "COMPLETED", stages
-    time.sleep(3)  # one more scrape (1 s) after the files went
+    time.sleep(3)  # one more scrape (1 s) after the file went
 
     trained = [r for r in records(run_dir) if r["type"] == "train"]
     assert trained and trained[-1]["iteration"] == 120
     job = json.loads((run_dir / "manifest.json").read_text())
     job_id = next(s for s in job["stages"] if s["name"] == "train")["job_ids"][0]
-    assert any(n.startswith(f"lingjun-slurm_{job_id}_") and n.endswith("_train.prom") for n in seen_files), seen_files
-    assert any(n.endswith("_watchdog.prom") for n in seen_files), seen_files
+    from lingjun_slurm.injob.host.promfile import file_name
+
+    state = stack.query(f'lingjun_watchdog_state{{run="{run_id}",state="training"}}[15m]')
+    assert state and 1.0 in _series_values(state), state
+    # One file per job and node, the watchdog's (its node label: the batch host), the trainer's series in it.
+    one = file_name(job_id, state[0]["metric"]["node"])
+    assert seen_files == {one}, seen_files
+    served = {r["metric"]["file"] for r in stack.query("node_textfile_mtime_seconds[15m]")}  # file: the path
+    assert served == {str(stack.textfile_dir / one)}, served
+    errors = _series_values(stack.query("node_textfile_scrape_error[15m]"))
+    assert errors and max(errors) == 0, errors  # the merged file parsed at every scrape
 
     loss = stack.query(f'lingjun_train_loss{{run="{run_id}"}}[15m]')
     assert loss, (stack.query('{__name__=~"lingjun_.*"}'), seen_files)
@@ -182,9 +193,6 @@ def test_the_loss_series_reaches_prometheus_through_node_exporter(tmp_path: Path
     assert values and all(round(v, 9) in losses for v in values), (values[:5], sorted(losses)[:5])
     iterations = _series_values(stack.query(f'lingjun_train_iteration{{run="{run_id}"}}[15m]'))
     assert iterations and max(iterations) <= 120 and iterations == sorted(iterations), iterations
-    state = stack.query(f'lingjun_watchdog_state{{run="{run_id}",state="training"}}[15m]')
-    assert state and 1.0 in _series_values(state), state
-
     # The watchdog's goodput buckets of this job so far (ledger.job_buckets): every bucket, some time in one.
     from lingjun_slurm.injob.host.ledger import BUCKETS
 
@@ -202,9 +210,9 @@ def test_the_loss_series_reaches_prometheus_through_node_exporter(tmp_path: Path
             if panel["title"] not in no_data_on_cpu:
                 assert result, (panel["title"], target["expr"])
 
-    # At the job's end its files are gone, and with them the series (no sample in the last scrape).
-    # (temporary files included), and so is rank 0's staged file in the run directory, from which the
-    # watchdog published it (no container mount of the directory: docs/monitoring.md).
+    # At the job's end its file is gone (temporary files included), and with it the series (no sample
+    # in the last scrape), and so are rank 0's staged samples in the run directory, which the watchdog
+    # merged into the file (no container mount of the directory: docs/monitoring.md).
     assert not list(stack.textfile_dir.iterdir()), list(stack.textfile_dir.iterdir())
     assert (run_dir / "textfile").is_dir() and not list((run_dir / "textfile").iterdir())
     assert stack.query(f'lingjun_train_loss{{run="{run_id}"}}') == []

@@ -1,12 +1,14 @@
-"""Files for node_exporter's textfile collector (lingjun_slurm/injob/host/promfile.py), the trainer's
-(injob/train/metrics.py PromFile) and the watchdog's (injob/host/watchdog.py Exporter), and the train
-script's part (slurm_templates/train.sbatch.j2, partials/prelude.sh.j2). The real node_exporter and
-Prometheus read them in tests/integration/test_prometheus.py. Megatron-LM lines:
+"""Files for node_exporter's textfile collector (lingjun_slurm/injob/host/promfile.py): one per job and
+node, written by the watchdog (injob/host/watchdog.py Exporter) with the samples the trainer's rank 0
+stages (injob/train/metrics.py PromFile), and the train script's part (slurm_templates/train.sbatch.j2,
+partials/prelude.sh.j2). The real node_exporter and Prometheus read them in
+tests/integration/test_prometheus.py. Megatron-LM lines:
 tests/fixtures/megatron_logs/SOURCES.md (recorded: NVIDIA/Megatron-LM#756), plus report_memory's
 line built from its format string (megatron/training/utils.py core_v0.16.1:279-291)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import stat
@@ -27,16 +29,30 @@ SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[a-zA-Z_][a-zA-Z0-9_]*="(
 
 def parse(text: str) -> dict[str, dict[str, Any]]:
     """The exposition format's sample lines (exposition_formats.md): name{labels} value, nothing after
-    the value (a timestamp would be a third token: node_exporter skips such a file whole)."""
+    the value (a timestamp would be a third token: node_exporter skips such a file whole). As the text
+    parser node_exporter v1.5.0 uses (prometheus/common expfmt/text_parse.go at v0.37.0, readingHelp
+    :496 and readingType :511), a second HELP or TYPE line for a name, or a TYPE after its samples, is
+    an error (node_exporter then skips the whole file); so is one series twice (the registry's
+    "was collected before")."""
     assert text.endswith("\n")
     out: dict[str, dict[str, Any]] = {}
+    helps: set[str] = set()
+    types: set[str] = set()
     for line in text.splitlines():
         if line.startswith("#"):
-            assert re.match(r"^# (HELP|TYPE) [a-zA-Z_:][a-zA-Z0-9_:]* ", line), line
+            m = re.match(r"^# (HELP|TYPE) ([a-zA-Z_:][a-zA-Z0-9_:]*) ", line)
+            assert m, line
+            seen = helps if m.group(1) == "HELP" else types
+            assert m.group(2) not in seen, f"second {m.group(1)} line for metric name {m.group(2)!r}"
+            assert m.group(1) == "HELP" or not any(v["name"] == m.group(2) for v in out.values()), \
+                f"TYPE reported after samples: {m.group(2)}"
+            seen.add(m.group(2))
             continue
         m = SAMPLE.match(line)
         assert m, f"not a sample line without a timestamp: {line!r}"
-        out[m.group(1) + (m.group(2) or "")] = {"name": m.group(1), "value": float(m.group(3))}
+        key = m.group(1) + (m.group(2) or "")
+        assert key not in out, f"{key} twice"
+        out[key] = {"name": m.group(1), "value": float(m.group(3))}
     return out
 
 
@@ -88,8 +104,8 @@ def test_write_is_a_rename_of_a_file_the_collector_skips(tmp_path: Path, monkeyp
         real(src, dst)
 
     monkeypatch.setattr(promfile.os, "replace", spy)
-    w = promfile.Writer(str(tmp_path), "12_3", "node/1", "train", {"run": "r"})
-    assert Path(w.path).name == "lingjun-slurm_12-3_node-1_train.prom"
+    w = promfile.Writer(str(tmp_path), "12_3", "node/1", {"run": "r"})
+    assert Path(w.path).name == "lingjun-slurm_12-3_node-1.prom"
     assert w.write([("lingjun_train_iteration", {}, 5)])
     assert renames and renames[0][1] == w.path
     assert stat.S_IMODE(os.stat(w.path).st_mode) == 0o644
@@ -189,8 +205,10 @@ def test_watchdog_goodput_series_from_the_ledger(tmp_path: Path, monkeypatch: py
         == 12.5
 
 
-def test_trainer_rank0_writes_its_file_and_removes_it_when_it_ends(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_trainer_rank0_stages_its_samples_and_removes_them_when_it_ends(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 0 stages samples (JSON, promfile.Stage) in <run_dir>/textfile, no .prom file of its own: the
+    watchdog renders them into the job's one file (promfile.read_staged)."""
     from lingjun_slurm.injob.train import metrics
 
     out = tmp_path / "textfile"
@@ -200,18 +218,36 @@ def test_trainer_rank0_writes_its_file_and_removes_it_when_it_ends(tmp_path: Pat
     monkeypatch.setenv("SLURMD_NODENAME", "cpu-3")
     mx = metrics.Metrics(str(tmp_path / "run" / "metrics.jsonl"), "run-2", enabled=True, log_interval=1)
     mx._tb = None
-    mx.train(10, iteration=1, loss=4.25, lr=1e-3, grad_norm=None, step_time_s=0.5, tokens_per_s=256.0,
+    mx.train(10, iteration=1, loss=float("nan"), lr=1e-3, grad_norm=None, step_time_s=0.5, tokens_per_s=256.0,
              consumed_samples=4)
     mx.record("save", iteration=1, seconds=0.1, path="/ckpt")
-    path = out / "lingjun-slurm_88_cpu-3_train.prom"
-    got = parse(path.read_text())
+    path = out / "lingjun-slurm_88_cpu-3.json"
+    assert sorted(p.name for p in out.iterdir()) == [path.name]
+    got = parse(promfile.render(promfile.read_staged(str(out), "88")))
     base = 'node="cpu-3",rank="0",run="run-2",slurm_job="88",stage="train"'
-    assert got[f"lingjun_train_loss{{{base}}}"]["value"] == 4.25
+    assert got[f"lingjun_train_loss{{{base}}}"]["value"] != got[f"lingjun_train_loss{{{base}}}"]["value"]  # NaN
     assert got[f"lingjun_train_tokens_per_second{{{base}}}"]["value"] == 256
     assert got[f"lingjun_checkpoint_iteration{{{base}}}"]["value"] == 1
+    assert f"lingjun_metrics_updated_timestamp_seconds{{{base}}}" in got
     assert f"lingjun_train_mfu_ratio{{{base}}}" not in got  # not measured (CPU): no sample, not a 0
     mx.close()
     assert not path.exists()
+    assert promfile.read_staged(str(out), "88") == []
+
+
+@pytest.mark.parametrize("content, why", [
+    ("{", "not JSON"),
+    ('{"samples": 3}', 'no "samples" list'),
+    ('{"samples": [["lingjun_train_loss", {}]]}', "not a [name, labels, value] sample"),
+    ('{"samples": [["node_load1", {}, 1]]}', "not a family of promfile.FAMILIES"),
+    ('{"samples": [["lingjun_train_loss", {"rank": 0}, 1]]}', "must be strings"),
+    ('{"samples": [["lingjun_train_loss", {}, "1"]]}', "not a number"),
+])
+def test_a_bad_staged_file_is_refused_naming_it(tmp_path: Path, content: str, why: str) -> None:
+    (tmp_path / "lingjun-slurm_5_n1.json").write_text(content)
+    with pytest.raises(promfile.PromError, match=re.escape(why)) as err:
+        promfile.read_staged(str(tmp_path), "5")
+    assert "lingjun-slurm_5_n1.json" in str(err.value)
 
 
 def test_no_file_without_the_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -272,10 +308,12 @@ def test_the_container_mounts_no_textfile_directory(tmp_path: Path) -> None:
         [line.replace(str(tmp_path / "b"), "W") for line in without]
 
 
-def test_watchdog_publishes_the_trainers_staged_file_only_when_it_changed(tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """Rank 0 writes into <run_dir>/textfile; the watchdog copies it into the textfile directory
-    (atomically, only when changed), and removes the copy when the trainer removed its file."""
+def test_one_file_per_job_and_node_the_watchdog_merges_the_trainers_samples(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 30 item 2: one file per job and node, lingjun-slurm_<job>_<node>.prom, written only by the
+    watchdog: its series and rank 0's staged ones in one text, each family with one HELP and one TYPE
+    (lingjun_metrics_updated_timestamp_seconds is in both: two samples, rank="0" and none); without a
+    staged file (not started, or stopped) its own series only."""
     from lingjun_slurm.injob.train import metrics
 
     staging, out = tmp_path / "run" / "textfile", tmp_path / "out"
@@ -283,32 +321,66 @@ def test_watchdog_publishes_the_trainers_staged_file_only_when_it_changed(tmp_pa
     monkeypatch.setenv(metrics.TEXTFILE_DIR_ENV, str(staging))
     monkeypatch.setenv(metrics.TEXTFILE_JOB_ENV, "77")
     monkeypatch.setenv("SLURMD_NODENAME", "n1")
-    mx = metrics.Metrics(str(tmp_path / "run" / "metrics.jsonl"), "run-1", enabled=True, log_interval=1)
-    mx._tb = None
-    mx.record("save", iteration=3, seconds=0.1, path="/ckpt")
-    (staging / "lingjun-slurm_78_n1_train.prom").write_text("other job\n")  # another job's: not this one's
     ex = watchdog.Exporter(str(out), "builtin", "run-1", "train", "77", "n1", None, None, clock=lambda: 1000.0,
                            staging=str(staging))
     state = watchdog.State(60.0, 600.0, 1, started=0.0)
     writes: list[str] = []
     real = promfile.write_atomic
     monkeypatch.setattr(promfile, "write_atomic", lambda path, text: (writes.append(path), real(path, text)))
-    ex.write(state, 1.0)
-    staged = staging / "lingjun-slurm_77_n1_train.prom"
-    assert (out / staged.name).read_text() == staged.read_text()
-    assert 'lingjun_checkpoint_iteration{node="n1",rank="0",run="run-1",slurm_job="77",stage="train"} 3' \
-        in (out / staged.name).read_text()
-    assert sorted(p.name for p in out.iterdir()) == ["lingjun-slurm_77_n1_train.prom",
-                                                      "lingjun-slurm_77_n1_watchdog.prom"]
-    ex.write(state, 2.0)  # the staged file did not change: not copied again
-    copied = str(out / staged.name)
-    assert writes.count(copied) == 1
-    mx.record("save", iteration=4, seconds=0.1, path="/ckpt")
+    ex.write(state, 1.0)  # the trainer has not started: the watchdog's series only
+    job_file = out / "lingjun-slurm_77_n1.prom"
+    assert sorted(p.name for p in out.iterdir()) == [job_file.name]
+    assert not any(k.startswith("lingjun_train_") for k in parse(job_file.read_text()))
+
+    mx = metrics.Metrics(str(tmp_path / "run" / "metrics.jsonl"), "run-1", enabled=True, log_interval=1)
+    mx._tb = None
+    mx.train(10, iteration=3, loss=2.5, lr=1e-3, grad_norm=None, step_time_s=0.5, tokens_per_s=256.0,
+             consumed_samples=4)
+    mx.record("save", iteration=3, seconds=0.1, path="/ckpt")
+    (staging / "lingjun-slurm_78_n1.json").write_text('{"samples": [["lingjun_train_loss", {}, 9]]}')  # another job's
+    writes.clear()
+    ex.write(state, 2.0)
+    assert sorted(p.name for p in out.iterdir()) == [job_file.name]  # one file: not one per writer
+    assert writes == [str(job_file)]  # written by the watchdog only, atomically
+    text = job_file.read_text()
+    got = parse(text)  # one HELP and one TYPE per family, as expfmt wants
+    rank0 = 'node="n1",rank="0",run="run-1",slurm_job="77",stage="train"'
+    own = 'node="n1",run="run-1",slurm_job="77",stage="train"'
+    assert got[f"lingjun_train_loss{{{rank0}}}"]["value"] == 2.5
+    assert got[f"lingjun_checkpoint_iteration{{{rank0}}}"]["value"] == 3
+    assert got[f'lingjun_watchdog_state{{{own},state="startup"}}']["value"] == 1
+    assert got[f"lingjun_metrics_updated_timestamp_seconds{{{own}}}"]["value"] == 1000.0
+    assert f"lingjun_metrics_updated_timestamp_seconds{{{rank0}}}" in got
+    assert text.count("# TYPE lingjun_metrics_updated_timestamp_seconds gauge\n") == 1
+    assert 9.0 not in [v["value"] for v in got.values()]  # job 78's staged sample is not this job's
+
+    mx.train(10, iteration=4, loss=2.25, lr=1e-3, grad_norm=None, step_time_s=0.5, tokens_per_s=256.0,
+             consumed_samples=8)
+    mx.prom.flush()
     ex.write(state, 3.0)
-    assert writes.count(copied) == 2 and "} 4\n" in (out / staged.name).read_text()
-    mx.close()  # the trainer's file goes: so does its copy
+    assert parse(job_file.read_text())[f"lingjun_train_loss{{{rank0}}}"]["value"] == 2.25
+
+    mx.close()  # the trainer stopped: its staged samples go, the watchdog's stay
     ex.write(state, 4.0)
-    assert sorted(p.name for p in out.iterdir()) == ["lingjun-slurm_77_n1_watchdog.prom"]
+    got = parse(job_file.read_text())
+    assert not any(k.startswith("lingjun_train_") or "rank=" in k for k in got), got
+    assert sorted(p.name for p in out.iterdir()) == [job_file.name]
+
+    # A staged file that is not samples: said once, left out; the watchdog's series still go.
+    (staging / "lingjun-slurm_77_n1.json").write_text("not json")
+    ex.write(state, 5.0)
+    ex.write(state, 6.0)
+    assert capsys.readouterr().err.count("the trainer's staged series left out") == 1
+    assert f'lingjun_watchdog_state{{{own},state="startup"}}' in parse(job_file.read_text())
+    # One that clashes with the watchdog's own series: left out, said once.
+    (staging / "lingjun-slurm_77_n1.json").write_text(json.dumps(
+        {"samples": [["lingjun_watchdog_timeout_seconds", dict(x.split("=") for x in own.replace('"', "").split(",")),
+                      1]]}))
+    ex.write(state, 7.0)
+    ex.write(state, 8.0)
+    assert capsys.readouterr().err.count("the trainer's staged series left out of") == 1
+    assert parse(job_file.read_text())[f"lingjun_watchdog_timeout_seconds{{{own}}}"]["value"] == \
+        state.effective_timeout() != 1
     ex.remove()
     assert list(out.iterdir()) == []
 
@@ -316,18 +388,19 @@ def test_watchdog_publishes_the_trainers_staged_file_only_when_it_changed(tmp_pa
 def test_job_end_removes_the_jobs_files_and_a_killed_writers_temporary_files(tmp_path: Path) -> None:
     """remove_textfiles (partials/prelude.sh.j2), run by bash: the job's *.prom files, the hidden
     temporary file a writer killed between open and rename leaves (promfile.write_atomic's
-    .<name>.tmp.<pid>), and rank 0's staged file; another job's files stay."""
+    .<name>.tmp.<pid>), and rank 0's staged samples (.json); another job's files stay."""
     out, run_dir = tmp_path / "tf", tmp_path / "run"
     (run_dir / "textfile").mkdir(parents=True)
     out.mkdir()
     script = _render(tmp_path, str(out), "slurm")
     func = script[script.index("remove_textfiles() {"):]
     func = func[:func.index("\n}\n") + 3]
-    mine = [out / "lingjun-slurm_88_n1_train.prom", out / ".lingjun-slurm_88_n1_watchdog.prom.tmp.4242",
-            run_dir / "textfile" / "lingjun-slurm_88_n1_train.prom",
-            run_dir / "textfile" / ".lingjun-slurm_88_n1_train.prom.tmp.17"]
-    others = [out / "lingjun-slurm_89_n1_train.prom", out / ".lingjun-slurm_89_n1_train.prom.tmp.5",
-              out / "node_exporter_collectors.prom"]
+    mine = [out / "lingjun-slurm_88_n1.prom", out / ".lingjun-slurm_88_n1.prom.tmp.4242",
+            run_dir / "textfile" / "lingjun-slurm_88_n1.json",
+            run_dir / "textfile" / ".lingjun-slurm_88_n1.json.tmp.17"]
+    others = [out / "lingjun-slurm_89_n1.prom", out / ".lingjun-slurm_89_n1.prom.tmp.5",
+              out / "node_exporter_collectors.prom", run_dir / "textfile" / "lingjun-slurm_89_n1.json",
+              out / "lingjun-slurm_880_n1.prom"]
     for p in mine + others:
         p.write_text("x 1\n")
     proc = subprocess.run(["bash", "-c", f"set -eu\njob_key=88\nRUN_DIR={run_dir}\n{func}remove_textfiles"],

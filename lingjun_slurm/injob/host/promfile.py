@@ -1,28 +1,38 @@
 """Files for node_exporter's textfile collector: the Prometheus text exposition format, no timestamps.
 
-Written by the hang watchdog (lingjun_slurm/injob/host/watchdog.py) into the directory that
-monitoring.textfile_dir names (docs/monitoring.md), on the batch host: its own file, and a copy of
-the one the builtin trainer's rank 0 (lingjun_slurm/injob/train/metrics.py) keeps in the run
-directory (<run_dir>/textfile/, shared storage the container already mounts; `publish`). The
-trainer does not write into textfile_dir itself: that would need a container mount of it, and
-pyxis bind-mounts a host path that must exist on every node (NVIDIA/pyxis args.c:294 at
-v0.24.0, "x-create=auto,rbind": x-create makes only the target inside the container), so one
-node without the directory would fail the whole step. Standard library only: the watchdog runs
-on the batch host, outside the container.
+One file per job and node, lingjun-slurm_<job>_<node>.prom (file_name), written only by the hang
+watchdog (lingjun_slurm/injob/host/watchdog.py Exporter) into the directory that
+monitoring.textfile_dir names (docs/monitoring.md), on the batch host, at every poll: its own
+series together with those the builtin trainer's rank 0 (lingjun_slurm/injob/train/metrics.py
+PromFile) stages in the run directory (<run_dir>/textfile/lingjun-slurm_<job>_<node>.json, shared
+storage the container already mounts; Stage, read_staged). The trainer stages samples (name,
+labels, value) as JSON, not a .prom file: the watchdog merges them with its own at sample level and
+renders the whole file once (render), so a family both carry (lingjun_metrics_updated_timestamp_seconds:
+the trainer's sample has rank="0", the watchdog's none) gets one HELP and one TYPE line. Two text
+blocks of one family in one file would not parse: the text parser node_exporter v1.5.0 uses
+(prometheus/common expfmt/text_parse.go at v0.37.0, the version node_exporter v1.5.0's go.mod pins;
+commit 49b36038) fails on "second HELP line for metric name" (readingHelp, :496) and "second TYPE
+line for metric name %q, or TYPE reported after samples" (readingType, :511), and node_exporter then
+skips the whole file. The trainer does not write into textfile_dir itself: that would need a
+container mount of it, and pyxis bind-mounts a host path that must exist on every node
+(NVIDIA/pyxis args.c:294 at v0.24.0, "x-create=auto,rbind": x-create makes only the target inside
+the container), so one node without the directory would fail the whole step. Standard library
+only: the watchdog runs on the batch host, outside the container.
 
 What node_exporter accepts (prometheus/node_exporter collector/textfile.go, at v1.5.0, Debian 12's
 prometheus-node-exporter 1.5.0, and at a7dcc3a0 (2026-08-08), Update/processFile/hasTimestamps):
 - only files whose name ends in ".prom" are read (`strings.HasSuffix(f.Name(), ".prom")`): the
-  temporary file is named ".<name>.tmp.<pid>" (".lingjun-slurm_<job>_<node>_<writer>.prom.tmp.<pid>")
+  temporary file is named ".<name>.tmp.<pid>" (".lingjun-slurm_<job>_<node>.prom.tmp.<pid>")
   so a half-written file is never read, then
   os.replace()d onto its name (rename(2) within one directory is atomic);
 - a file with any sample that carries a timestamp is skipped whole ("contains unsupported
   client-side timestamps, skipping entire file"): no sample here has one;
-- a file that does not parse is skipped and node_textfile_scrape_error becomes 1;
+- a file that does not parse is skipped and node_textfile_scrape_error becomes 1 (processFile:
+  `parser.TextToMetricFamilies(f)`, textfile.go v1.5.0:275-276);
 - families of one name in several files are merged; from v1.8.0 (not at v1.5.0) a different
-  HELP text for the same name in two files is an error (metricsNamesToHelpTexts), so every writer
-  takes a family's HELP from FAMILIES below; the same series (name and labels) in two files is a
-  duplicate that client_golang's registry rejects, so the trainer and the watchdog write disjoint series;
+  HELP text for the same name in two files is an error (metricsNamesToHelpTexts), so every
+  family's HELP comes from FAMILIES below; the same series (name and labels) twice is a duplicate
+  that client_golang's registry rejects, and render refuses it;
 - a label missing from some samples of a family is added to them as "" (convertMetricFamily).
 The format itself (prometheus/docs docs/instrumenting/exposition_formats.md at c105550a, "Text
 format details"): lines end in "\\n", the last one too; `# HELP name text` with "\\\\" and "\\n"
@@ -39,6 +49,7 @@ and node per file, a bucket or state name from a fixed list.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -46,10 +57,11 @@ from typing import Callable, Iterable, Mapping, Optional, Union
 
 NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")  # exposition_formats.md: metric_name (legacy set)
 LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")  # label_name; names starting "__" are reserved
-PREFIX = "lingjun-slurm"  # every file this tool writes: lingjun-slurm_<job>_<node>_<writer>.prom
+PREFIX = "lingjun-slurm"  # every file this tool writes: lingjun-slurm_<job>_<node>.prom, its staged .json
 Number = Union[int, float]
 
-# name -> (type, HELP). One table for every writer (HELP must agree across files, see above).
+# name -> (type, HELP). One table: the one HELP of a family (and what node_exporter 1.8.0+ wants
+# across files, see above); a staged sample of a name not here is refused (read_staged).
 FAMILIES: dict[str, tuple[str, str]] = {
     "lingjun_train_iteration": ("gauge", "Last training iteration finished."),
     "lingjun_train_loss": ("gauge", "Training loss (lm loss) at the last iteration written."),
@@ -68,7 +80,9 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "lingjun_watchdog_timeout_seconds": ("gauge", "The hang timeout in force."),
     "lingjun_goodput_seconds": ("gauge", "This job's allocation so far per goodput bucket (GPU-seconds, or "
                                          "CPU-seconds for jobs without GPUs)."),
-    "lingjun_metrics_updated_timestamp_seconds": ("gauge", "UNIX time this file was written."),
+    "lingjun_metrics_updated_timestamp_seconds": ("gauge", "UNIX time the series were last updated: the "
+                                                           "watchdog's when it wrote the file, rank 0's "
+                                                           "(rank label) when the trainer staged its numbers."),
 }
 
 
@@ -144,14 +158,24 @@ def render(samples: Iterable[Sample]) -> str:
 _UNSAFE = re.compile(r"[^A-Za-z0-9.-]")
 
 
-def file_name(job: str, node: str, writer: str) -> str:
-    """lingjun-slurm_<job>_<node>_<writer>.prom: one file per job, node and writer; the batch script
-    removes lingjun-slurm_<job>_*.prom at the job's end. Characters other than [A-Za-z0-9.-] become '-'."""
-    return f"{PREFIX}_{_UNSAFE.sub('-', job)}_{_UNSAFE.sub('-', node)}_{_UNSAFE.sub('-', writer)}.prom"
+def _key(job: str, node: str) -> str:
+    return f"{PREFIX}_{_UNSAFE.sub('-', job)}_{_UNSAFE.sub('-', node)}"
+
+
+def file_name(job: str, node: str) -> str:
+    """lingjun-slurm_<job>_<node>.prom: the one file of a job on a node (the watchdog's, with the
+    trainer's staged series); the batch script removes lingjun-slurm_<job>_*.prom at the job's end.
+    Characters other than [A-Za-z0-9.-] become '-'."""
+    return f"{_key(job, node)}.prom"
+
+
+def staged_name(job: str, node: str) -> str:
+    """lingjun-slurm_<job>_<node>.json: the trainer's staged samples in <run_dir>/textfile (Stage)."""
+    return f"{_key(job, node)}.json"
 
 
 def write_atomic(path: str, text: str) -> None:
-    """Write to <path>.tmp.<pid> (not *.prom: the collector skips it) and rename onto path, so a scrape
+    """Write to .<name>.tmp.<pid> (not *.prom: the collector skips it) and rename onto path, so a scrape
     sees the old file or the new one, never half of one. Mode 0644: node_exporter runs as its own user."""
     directory = os.path.dirname(path) or "."
     tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp.{os.getpid()}")
@@ -169,37 +193,47 @@ def write_atomic(path: str, text: str) -> None:
 
 
 def job_prefix(job: str) -> str:
-    """The start of every file name of this job (file_name), and what the batch script removes."""
+    """The start of every file name of this job (file_name, staged_name), and what the batch script removes."""
     return f"{PREFIX}_{_UNSAFE.sub('-', job)}_"
 
 
-def publish(staging: str, directory: str, job: str, published: dict[str, tuple[int, int, int]]) -> None:
-    """Copy this job's *.prom files from `staging` (<run_dir>/textfile, where the trainer writes them,
-    each by write_atomic) into node_exporter's `directory`, each with write_atomic again, only when the
-    staged file changed (a new inode, mtime or size: the trainer's rename makes a new inode); remove the
-    copy of one that left `staging` (the trainer removes its file when it stops). `published` (name ->
-    stat key) is the caller's memory between calls, updated here. Raises OSError."""
+def _staged_sample(item: object, where: str) -> Sample:
+    if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str) and isinstance(item[1], dict)):
+        raise PromError(f"{where}: not a [name, labels, value] sample: {item!r}")
+    name, labels, value = item
+    if name not in FAMILIES:
+        raise PromError(f"{where}: {name!r} is not a family of promfile.FAMILIES")
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
+        raise PromError(f"{where}: {name}: label names and values must be strings")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise PromError(f"{where}: {name}: not a number: {value!r}")
+    return name, labels, value
+
+
+def read_staged(staging: str, job: str) -> list[Sample]:
+    """The samples the trainer staged for this job in `staging` (<run_dir>/textfile, Stage): every
+    lingjun-slurm_<job>_*.json there (rank 0's node, which need not be the batch host), in name order,
+    each {"samples": [[name, {label: value}, number], ...]}. Empty when there is none (not started
+    yet, or it stopped and removed it). Raises PromError for a file that is not that (file named), OSError."""
     start = job_prefix(job)
     try:
-        names = [n for n in os.listdir(staging) if n.startswith(start) and n.endswith(".prom")]
+        names = sorted(n for n in os.listdir(staging) if n.startswith(start) and n.endswith(".json"))
     except FileNotFoundError:
-        names = []
+        return []
+    out: list[Sample] = []
     for name in names:
-        src = os.path.join(staging, name)
+        path = os.path.join(staging, name)
         try:
-            st = os.stat(src)
-            key = (st.st_ino, st.st_mtime_ns, st.st_size)
-            if published.get(name) == key:
-                continue
-            with open(src, encoding="utf-8") as fh:
-                text = fh.read()
-        except FileNotFoundError:  # removed between listdir and open
+            with open(path, encoding="utf-8") as fh:
+                doc = json.load(fh)  # NaN, Infinity: Python's json writes and reads them
+        except FileNotFoundError:  # removed between listdir and open: the trainer stopped
             continue
-        write_atomic(os.path.join(directory, name), text)
-        published[name] = key
-    for name in [n for n in published if n not in names]:
-        remove(os.path.join(directory, name))
-        del published[name]
+        except ValueError as exc:
+            raise PromError(f"{path}: not JSON: {exc}") from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("samples"), list):
+            raise PromError(f"{path}: no \"samples\" list")
+        out += [_staged_sample(item, path) for item in doc["samples"]]
+    return out
 
 
 def remove(path: str) -> None:
@@ -216,19 +250,67 @@ def node_name() -> str:
 
 
 class Writer:
-    """One file; write() renders and replaces it. Errors are said once and never stop the caller."""
+    """The file of a job on a node in node_exporter's directory (file_name), the watchdog's: write()
+    renders its own samples (base labels added) together with `extra` ones (the trainer's staged
+    samples, already labelled) and replaces the file. Errors are said once and never stop the caller."""
 
-    def __init__(self, directory: str, job: str, node: str, writer: str, base_labels: Mapping[str, str],
+    def __init__(self, directory: str, job: str, node: str, base_labels: Mapping[str, str],
                  warn: Optional[Callable[[str], None]] = None) -> None:
-        self.path = os.path.join(directory, file_name(job, node, writer))
+        self.path = os.path.join(directory, file_name(job, node))
+        self.base = dict(base_labels)
+        self.failed: Optional[str] = None
+        self.extra_failed: Optional[str] = None
+        self._warn = warn
+
+    def _say(self, text: str) -> None:
+        if self._warn is not None:
+            self._warn(text)
+
+    def write(self, samples: Iterable[Sample], extra: Iterable[Sample] = ()) -> bool:
+        own = [(n, {**self.base, **labels}, v) for n, labels, v in samples]
+        staged = list(extra)
+        try:
+            text = render(own)
+            if staged:
+                try:
+                    text = render(own + staged)
+                except PromError as exc:
+                    # The staged samples clash with the watchdog's own (or one another): its own still go.
+                    if self.extra_failed is None:
+                        self._say(f"the trainer's staged series left out of {self.path}: {exc}")
+                    self.extra_failed = str(exc)
+            write_atomic(self.path, text)
+            return True
+        except (OSError, PromError) as exc:
+            if self.failed is None:
+                self._say(f"cannot write {self.path}: {exc}")
+            self.failed = str(exc)
+            return False
+
+    def remove(self) -> None:
+        try:
+            remove(self.path)
+        except OSError:
+            pass
+
+
+class Stage:
+    """The trainer's staged samples (staged_name, in <run_dir>/textfile): JSON the watchdog merges into
+    the job's file at sample level (read_staged), written with write_atomic. write() checks them with
+    render first, so a bad sample is said here, by the trainer. Errors are said once, never raised."""
+
+    def __init__(self, directory: str, job: str, node: str, base_labels: Mapping[str, str],
+                 warn: Optional[Callable[[str], None]] = None) -> None:
+        self.path = os.path.join(directory, staged_name(job, node))
         self.base = dict(base_labels)
         self.failed: Optional[str] = None
         self._warn = warn
 
-    def write(self, samples: Iterable[tuple[str, Mapping[str, str], Optional[Number]]]) -> bool:
+    def write(self, samples: Iterable[Sample]) -> bool:
         try:
-            text = render((n, {**self.base, **labels}, v) for n, labels, v in samples)
-            write_atomic(self.path, text)
+            staged = [[n, {**self.base, **labels}, v] for n, labels, v in samples if v is not None]
+            render((n, labels, v) for n, labels, v in staged)  # refuses a bad name, label or a duplicate
+            write_atomic(self.path, json.dumps({"samples": staged}, allow_nan=True) + "\n")
             return True
         except (OSError, PromError) as exc:
             if self.failed is None and self._warn is not None:

@@ -20,15 +20,16 @@ watching for hangs (a save is no hang, as on_time_limit says). --plan gives the 
 Megatron-LM's parallel sizes, rank order and overlap flags (straggler.layout_from_plan). A detector
 error never stops the hang watchdog.
 
-Metrics for Prometheus (--textfile-dir; docs/monitoring.md): every poll the watchdog rewrites
-lingjun-slurm_<job>_<node>_watchdog.prom for node_exporter's textfile collector (promfile.py): its
-state, the last checkpoint's iteration and age, this job's goodput buckets so far (ledger.py
-job_buckets, at most every GOODPUT_EVERY_S), and for --format megatron the training numbers of the
-log lines it follows (Exporter). It also publishes the builtin trainer's file: rank 0 writes it into
---textfile-staging (<run_dir>/textfile, in the container through the run directory's own mount) and
-the watchdog copies it into --textfile-dir when it changed (promfile.publish); no container mounts
-the textfile directory (a pyxis mount of a path missing on one node fails the step: promfile.py).
-The files go when the watchdog ends, except after a hang.
+Metrics for Prometheus (--textfile-dir; docs/monitoring.md): every poll the watchdog rewrites the
+job's one file for node_exporter's textfile collector on this node, lingjun-slurm_<job>_<node>.prom
+(promfile.py): its state, the last checkpoint's iteration and age, this job's goodput buckets so far
+(ledger.py job_buckets, at most every GOODPUT_EVERY_S), for --format megatron the training numbers of
+the log lines it follows (Exporter), and the builtin trainer's numbers: rank 0 stages them as samples
+in --textfile-staging (<run_dir>/textfile/lingjun-slurm_<job>_<node>.json, in the container through
+the run directory's own mount) and the watchdog merges them with its own at sample level into the
+one file (promfile.read_staged, render); without a staged file, its own series only. No container
+mounts the textfile directory (a pyxis mount of a path missing on one node fails the step:
+promfile.py). The file goes when the watchdog ends, except after a hang.
 
 Started by the batch script in the background, on the batch host, after srun (its pid is --pid).
 It follows FILE from its current end (what an earlier attempt wrote is only used to learn the
@@ -441,11 +442,14 @@ GOODPUT_EVERY_S = 15.0  # the ledger reads this job's records: not every poll
 
 
 class Exporter:
-    """The watchdog's file for node_exporter's textfile collector (lingjun_slurm/injob/host/promfile.py):
-    its state, the last checkpoint (iteration, age), this job's goodput buckets so far (helper module
-    lingjun_slurm.injob.host.ledger, job_buckets), and for --format megatron the training numbers from
-    the log lines it follows. The builtin trainer's rank 0 writes its training numbers itself
-    (injob/train/metrics.py PromFile): no series is in both files."""
+    """The job's one file on this node for node_exporter's textfile collector
+    (lingjun_slurm/injob/host/promfile.py, file_name): its state, the last checkpoint (iteration, age),
+    this job's goodput buckets so far (helper module lingjun_slurm.injob.host.ledger, job_buckets),
+    for --format megatron the training numbers from the log lines it follows, and the samples the
+    builtin trainer's rank 0 stages in `staging` (injob/train/metrics.py PromFile; promfile.read_staged),
+    merged with its own at sample level and rendered once: a family both carry gets one HELP and TYPE
+    (expfmt text_parse.go v0.37.0 fails a file with a second one). The trainer's carry rank="0" and
+    the watchdog writes no training series for --format builtin, so no series is in both."""
 
     def __init__(self, directory: str, fmt: str, run: str, stage: str, job: str, node: str,
                  run_dir: Optional[str] = None, seq_length: Optional[int] = None,
@@ -454,9 +458,8 @@ class Exporter:
 
         self.fmt, self.run_dir, self.job, self.seq_length, self.clock = fmt, run_dir, job, seq_length, clock
         self.directory, self.staging = directory, staging
-        self.published: dict[str, tuple[int, int, int]] = {}  # promfile.publish's memory
-        self._publish_failed = False
-        self.writer = promfile.Writer(directory, job, node, "watchdog",
+        self._staged_failed = False
+        self.writer = promfile.Writer(directory, job, node,
                                       {"run": run, "stage": stage, "slurm_job": job, "node": node},
                                       warn=lambda text: print(f"{PREFIX} metrics for Prometheus: {text}",
                                                               file=sys.stderr, flush=True))
@@ -548,34 +551,28 @@ class Exporter:
             samples.append(("lingjun_checkpoint_age_seconds", {}, round(max(0.0, now - self.ckpt_time), 3)))
         samples += [("lingjun_goodput_seconds", {"bucket": b}, round(v, 3)) for b, v in sorted(self.goodput.items())]
         samples.append(("lingjun_metrics_updated_timestamp_seconds", {}, round(now, 3)))
-        self.writer.write(samples)
-        self.publish()
+        self.writer.write(samples, self.staged())
 
-    def publish(self) -> None:
-        """The trainer's staged file into the textfile directory (promfile.publish); said once when it fails."""
+    def staged(self) -> list[Any]:
+        """The trainer's staged samples (promfile.read_staged), none without them; a bad staged file
+        is said once and left out (the watchdog's own series still go)."""
         if not self.staging:
-            return
+            return []
         from . import promfile
 
         try:
-            promfile.publish(self.staging, self.directory, self.job, self.published)
-        except OSError as exc:
-            if not self._publish_failed:
-                print(f"{PREFIX} metrics for Prometheus: cannot publish the trainer's file from {self.staging}: {exc}",
+            return promfile.read_staged(self.staging, self.job)
+        except (OSError, promfile.PromError) as exc:
+            if not self._staged_failed:
+                print(f"{PREFIX} metrics for Prometheus: the trainer's staged series left out: {exc}",
                       file=sys.stderr, flush=True)
-            self._publish_failed = True
+            self._staged_failed = True
+            return []
 
     def remove(self) -> None:
-        """Its own file and the copies it published."""
-        from . import promfile
-
+        """The job's file (the trainer removes its staged file itself; the batch script, at the job's end,
+        whatever is left)."""
         self.writer.remove()
-        for name in list(self.published):
-            try:
-                promfile.remove(os.path.join(self.directory, name))
-            except OSError:
-                pass
-            del self.published[name]
 
 
 def _json_record(line: str) -> Optional[dict[str, Any]]:
@@ -805,12 +802,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--plan", default=None, help="plan.json: Megatron-LM's parallel sizes, rank order and overlap "
                    "flags for the straggler detector (settings.parallelism, settings.training.extra_args)")
     p.add_argument("--textfile-dir", default=None, help="node_exporter's textfile collector directory: write "
-                   "lingjun-slurm_<job>_<node>_watchdog.prom there (docs/monitoring.md)")
+                   "lingjun-slurm_<job>_<node>.prom there (docs/monitoring.md)")
     p.add_argument("--run-id", default=None, help="the run label of the metrics (--textfile-dir)")
     p.add_argument("--stage", default="train", help="the stage label of the metrics (--textfile-dir)")
     p.add_argument("--job-key", default=None, help="the job label and file name part (default --job)")
-    p.add_argument("--textfile-staging", default=None, help="where the builtin trainer's rank 0 writes its .prom "
-                   "file (<run_dir>/textfile): copied into --textfile-dir when it changes")
+    p.add_argument("--textfile-staging", default=None, help="where the builtin trainer's rank 0 stages its "
+                   "samples (<run_dir>/textfile/*.json): merged into the file in --textfile-dir at every poll")
     p.add_argument("--seq-length", type=int, default=None, help="megatron: tokens/s = global batch x this / step time")
     a = p.parse_args(argv)
     if a.log_interval < 1:

@@ -85,8 +85,8 @@ def tensorboard_writer(run_dir: str) -> Any:
 # node_exporter textfile collector (docs/monitoring.md; lingjun_slurm/injob/host/promfile.py): the
 # batch script exports these when monitoring.textfile_dir is set (slurm_templates/train.sbatch.j2).
 # LINGJUN_TEXTFILE_DIR is <run_dir>/textfile, in the run directory (no mount of its own in the
-# container), not node_exporter's directory: the hang watchdog copies the file there on the batch
-# host (promfile.publish).
+# container), not node_exporter's directory: rank 0 stages its samples there and the hang watchdog
+# merges them into the job's one file on the batch host (promfile.Stage, promfile.read_staged).
 TEXTFILE_DIR_ENV = "LINGJUN_TEXTFILE_DIR"
 TEXTFILE_JOB_ENV = "LINGJUN_TEXTFILE_JOB"  # the batch script's job key (the file's name has it)
 TEXTFILE_STAGE_ENV = "LINGJUN_TEXTFILE_STAGE"
@@ -99,9 +99,11 @@ PROM_TRAIN = (("iteration", "lingjun_train_iteration"), ("loss", "lingjun_train_
 
 
 class PromFile:
-    """Rank 0's file for node_exporter's textfile collector: the last "train" record and the last
-    save, labels run, stage, job, node, rank. None of these series is the watchdog's (it writes
-    the watchdog's state, the checkpoint's age and the goodput buckets; promfile.py)."""
+    """Rank 0's series for node_exporter's textfile collector: the last "train" record and the last
+    save, labels run, stage, slurm_job, node, rank, staged as samples in `directory`
+    (<run_dir>/textfile/lingjun-slurm_<job>_<node>.json, promfile.Stage). The hang watchdog merges
+    them with its own into the job's one .prom file at every poll (promfile.read_staged); rank="0"
+    keeps them apart from its series (both carry lingjun_metrics_updated_timestamp_seconds)."""
 
     def __init__(self, directory: str, run_id: str, rank: int) -> None:
         from ..host import promfile
@@ -112,10 +114,10 @@ class PromFile:
             os.makedirs(directory, exist_ok=True)  # the batch script makes it; a missing one is said at write
         except OSError:
             pass
-        self._writer = promfile.Writer(directory, job, node, "train",
-                                       {"run": run_id, "stage": os.environ.get(TEXTFILE_STAGE_ENV) or "train",
-                                        "slurm_job": job, "node": node, "rank": str(rank)},
-                                       warn=lambda text: log.warning("metrics for Prometheus: %s", text))
+        self._writer = promfile.Stage(directory, job, node,
+                                      {"run": run_id, "stage": os.environ.get(TEXTFILE_STAGE_ENV) or "train",
+                                       "slurm_job": job, "node": node, "rank": str(rank)},
+                                      warn=lambda text: log.warning("metrics for Prometheus: %s", text))
         self._last: dict[str, Any] = {}
         self._save: dict[str, Any] = {}
         self._written = 0.0
@@ -230,8 +232,8 @@ class Metrics:
 
     def close(self) -> None:
         if self.prom is not None:
-            # Its series end with the trainer: the watchdog then removes its published copy
-            # (promfile.publish), and no stale staged file is left for a later attempt.
+            # Its series end with the trainer: the watchdog then writes its own series only, and no
+            # stale staged file is left for a later attempt.
             self.prom.remove()
             self.prom = None
         if self._fh:
