@@ -228,7 +228,7 @@ def test_a_host_the_ssh_transport_refuses_is_refused_in_clusters_yaml_with_its_l
 def test_a_misshapen_cluster_block_with_a_default_profile_is_a_spec_error(cluster: str) -> None:
     """The clusters.yaml network profile must not crash on a spec whose cluster/network is not a mapping:
     the spec's own validation reports it (file, line, exit 2), not an internal error."""
-    text = spec_text(run__workdir="/w").replace("container:", f"cluster: {cluster}\ncontainer:", 1)
+    text = spec_text(run__workdir="/w", cluster__network={"profile": "tcp"}).replace("container:", f"cluster: {cluster}\ncontainer:", 1)
     with pytest.raises(SpecError) as err:
         parse_spec_with_defaults(text, "s.yaml", {"cluster.network.profile": "tcp",
                                                   "cluster.defaults.partition": "gpu"})
@@ -247,3 +247,27 @@ def test_an_empty_cluster_name_is_refused_not_ignored(clusters_file: Path, name:
     """`--cluster ""` (an unset shell variable, typically) must not quietly mean "no cluster"."""
     with pytest.raises(UsageError, match="--cluster: empty name"):
         destination(None, name, False)
+
+
+def test_the_price_and_the_textfile_directory_come_from_clusters_yaml_unless_the_spec_sets_them() -> None:
+    """monitoring.gpu_hour_price / textfile_dir (issue 30): clusters.yaml's fill the spec's unset
+    ones at submit, reach the plan's settings (the ledger's cost, the train script's textfile
+    directory), and a spec's own win."""
+    from lingjun_slurm.plan import settings
+
+    cfg = parse_clusters("clusters:\n  c:\n    host: h\n    gpu_hour_price: 3\n"
+                         "    textfile_dir: /var/lib/prometheus/node-exporter-lingjun-slurm\n", "clusters.yaml").clusters["c"]
+    defaults = cluster_defaults(cfg)
+    assert defaults == {"monitoring.gpu_hour_price": 3, "monitoring.textfile_dir":
+                        "/var/lib/prometheus/node-exporter-lingjun-slurm"}
+    loaded, applied = parse_spec_with_defaults(spec_text(run__workdir="/w", cluster__network={"profile": "tcp"}), "s.yaml", defaults)
+    assert applied == defaults
+    assert settings(loaded.spec)["monitoring"] == {"gpu_hour_price": 3.0,
+                                                   "textfile_dir": "/var/lib/prometheus/node-exporter-lingjun-slurm"}
+    loaded, applied = parse_spec_with_defaults(spec_text(run__workdir="/w", cluster__network={"profile": "tcp"}, monitoring={"gpu_hour_price": 1.5}),
+                                               "s.yaml", defaults)
+    assert loaded.spec.monitoring.gpu_hour_price == 1.5 and "monitoring.gpu_hour_price" not in applied
+    # Neither set: the plan has no monitoring key (plans and golden files of such runs are unchanged).
+    assert "monitoring" not in settings(parse_spec_with_defaults(spec_text(run__workdir="/w", cluster__network={"profile": "tcp"}), "s.yaml", {})[0].spec)
+    with pytest.raises(ClustersFileError, match="gpu_hour_price"):
+        parse_clusters("clusters:\n  c:\n    host: h\n    gpu_hour_price: -1\n", "clusters.yaml")
