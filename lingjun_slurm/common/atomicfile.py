@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
 
 
 def current_umask() -> int:
@@ -28,26 +28,35 @@ def current_umask() -> int:
     return mask
 
 
-def atomic_write(path: Union[str, Path], data: bytes) -> None:
-    """Write via a temporary file in the same directory, fsync, rename: readers see old or new, never half.
+def atomic_write(path: Union[str, Path], data: Union[bytes, str], *, mode: Optional[int] = None,
+                 durable: bool = True) -> None:
+    """Write via a temporary file in the same directory (".<name>.<random>.tmp"), fsync, rename:
+    readers see old or new, never half.
 
-    The file gets the mode a plain open(path, "w") would give (0666 & ~umask, 0644 under the usual
+    mode None: the mode a plain open(path, "w") would give (0666 & ~umask, 0644 under the usual
     022), not mkstemp's 0600: other users of the cluster read the tracker and lingjun-manifest.json
     the way Megatron-LM writes its tracker, with open(tracker_filename, 'w')
     (NVIDIA/Megatron-LM megatron/training/checkpointing.py:1083 and :1217, commit d98e8a64).
+    durable=False: no fsync (a file rewritten every few seconds whose loss in a crash costs nothing,
+    the Prometheus textfile: promfile.py); the rename is still atomic.
     """
     path = Path(path)
+    if isinstance(data, str):
+        data = data.encode("utf-8")
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
-            os.fchmod(fh.fileno(), 0o666 & ~current_umask())
+            os.fchmod(fh.fileno(), (0o666 & ~current_umask()) if mode is None else mode)
             fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                fh.flush()
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    if not durable:
+        return
     try:
         dfd = os.open(path.parent, os.O_RDONLY)
     except OSError:

@@ -8,6 +8,7 @@ line built from its format string (megatron/training/utils.py core_v0.16.1:279-2
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import re
@@ -107,7 +108,9 @@ def test_write_is_a_rename_of_a_file_the_collector_skips(tmp_path: Path, monkeyp
     w = promfile.Writer(str(tmp_path), "12_3", "node/1", {"run": "r"})
     assert Path(w.path).name == "lingjun-slurm_12-3_node-1.prom"
     assert w.write([("lingjun_train_iteration", {}, 5)])
-    assert renames and renames[0][1] == w.path
+    assert renames and str(renames[0][1]) == w.path
+    # the name remove_textfiles (partials/prelude.sh.j2) globs for a killed writer's leftovers
+    assert fnmatch.fnmatchcase(Path(renames[0][0]).name, f".{Path(w.path).name}.*.tmp"), renames
     assert stat.S_IMODE(os.stat(w.path).st_mode) == 0o644
     assert os.listdir(tmp_path) == [Path(w.path).name]
     assert not w.write([("lingjun_train_iteration", {}, 5), ("lingjun_train_iteration", {}, 6)])  # said, not raised
@@ -388,17 +391,17 @@ def test_one_file_per_job_and_node_the_watchdog_merges_the_trainers_samples(
 def test_job_end_removes_the_jobs_files_and_a_killed_writers_temporary_files(tmp_path: Path) -> None:
     """remove_textfiles (partials/prelude.sh.j2), run by bash: the job's *.prom files, the hidden
     temporary file a writer killed between open and rename leaves (promfile.write_atomic's
-    .<name>.tmp.<pid>), and rank 0's staged samples (.json); another job's files stay."""
+    .<name>.<random>.tmp), and rank 0's staged samples (.json); another job's files stay."""
     out, run_dir = tmp_path / "tf", tmp_path / "run"
     (run_dir / "textfile").mkdir(parents=True)
     out.mkdir()
     script = _render(tmp_path, str(out), "slurm")
     func = script[script.index("remove_textfiles() {"):]
     func = func[:func.index("\n}\n") + 3]
-    mine = [out / "lingjun-slurm_88_n1.prom", out / ".lingjun-slurm_88_n1.prom.tmp.4242",
+    mine = [out / "lingjun-slurm_88_n1.prom", out / ".lingjun-slurm_88_n1.prom.k3j9x2ab.tmp",
             run_dir / "textfile" / "lingjun-slurm_88_n1.json",
-            run_dir / "textfile" / ".lingjun-slurm_88_n1.json.tmp.17"]
-    others = [out / "lingjun-slurm_89_n1.prom", out / ".lingjun-slurm_89_n1.prom.tmp.5",
+            run_dir / "textfile" / ".lingjun-slurm_88_n1.json.a1b2c3d4.tmp"]
+    others = [out / "lingjun-slurm_89_n1.prom", out / ".lingjun-slurm_89_n1.prom.zz99yy88.tmp",
               out / "node_exporter_collectors.prom", run_dir / "textfile" / "lingjun-slurm_89_n1.json",
               out / "lingjun-slurm_880_n1.prom"]
     for p in mine + others:

@@ -60,10 +60,11 @@ release (src/slurmctld/job_mgr.c:12042-12053 _hold_job_rec, :16440-16447 job_ind
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from typing import Any, Callable, Optional
+
+from lingjun_slurm.common.jsonobj import json_object
 
 SCHEMA = 1
 # The bucket names are pinned (docs/report.md "Goodput ledger"; Prometheus labels of promfile.py).
@@ -174,11 +175,8 @@ def metric_records(text: str) -> list[dict[str, Any]]:
     """metrics.jsonl's records that have a numeric time, oldest first (a line cut short is skipped)."""
     out = []
     for line in text.splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict) and isinstance(rec.get("time"), (int, float)) and isinstance(rec.get("type"), str):
+        rec = json_object(line)
+        if rec is not None and isinstance(rec.get("time"), (int, float)) and isinstance(rec.get("type"), str):
             out.append(rec)
     out.sort(key=lambda r: r["time"])
     return out
@@ -301,14 +299,7 @@ Lister = Callable[[str], list[str]]       # a directory relative to the run dire
 
 
 def _json(read: Reader, path: str) -> Optional[dict[str, Any]]:
-    text = read(path)
-    if text is None:
-        return None
-    try:
-        doc = json.loads(text)
-    except ValueError:
-        return None
-    return doc if isinstance(doc, dict) else None
+    return json_object(read(path))
 
 
 def _preflight(read: Reader, listdir: Lister, attempt: str) -> tuple[Optional[float], Optional[float]]:

@@ -22,8 +22,8 @@ only: the watchdog runs on the batch host, outside the container.
 What node_exporter accepts (prometheus/node_exporter collector/textfile.go, at v1.5.0, Debian 12's
 prometheus-node-exporter 1.5.0, and at a7dcc3a0 (2026-08-08), Update/processFile/hasTimestamps):
 - only files whose name ends in ".prom" are read (`strings.HasSuffix(f.Name(), ".prom")`): the
-  temporary file is named ".<name>.tmp.<pid>" (".lingjun-slurm_<job>_<node>.prom.tmp.<pid>")
-  so a half-written file is never read, then
+  temporary file is named ".<name>.<random>.tmp" (".lingjun-slurm_<job>_<node>.prom.<random>.tmp",
+  common/atomicfile.py) so a half-written file is never read, then
   os.replace()d onto its name (rename(2) within one directory is atomic);
 - a file with any sample that carries a timestamp is skipped whole ("contains unsupported
   client-side timestamps, skipping entire file"): no sample here has one;
@@ -54,6 +54,8 @@ import math
 import os
 import re
 from typing import Callable, Iterable, Mapping, Optional, Union
+
+from lingjun_slurm.common.atomicfile import atomic_write
 
 NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")  # exposition_formats.md: metric_name (legacy set)
 LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")  # label_name; names starting "__" are reserved
@@ -175,21 +177,10 @@ def staged_name(job: str, node: str) -> str:
 
 
 def write_atomic(path: str, text: str) -> None:
-    """Write to .<name>.tmp.<pid> (not *.prom: the collector skips it) and rename onto path, so a scrape
-    sees the old file or the new one, never half of one. Mode 0644: node_exporter runs as its own user."""
-    directory = os.path.dirname(path) or "."
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp.{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """common/atomicfile.atomic_write: a temporary ".<name>.<random>.tmp" (not *.prom: the collector
+    skips it) renamed onto path, so a scrape sees the old file or the new one, never half of one.
+    Mode 0644: node_exporter runs as its own user. No fsync: rewritten every 2 s, worthless after a crash."""
+    atomic_write(path, text, mode=0o644, durable=False)
 
 
 def job_prefix(job: str) -> str:
@@ -249,7 +240,20 @@ def node_name() -> str:
     return os.environ.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
 
 
-class Writer:
+class _OwnFile:
+    """One file this process owns (path); remove() deletes it, silently (a metrics file is never worth
+    an error at a job's end)."""
+
+    path: str
+
+    def remove(self) -> None:
+        try:
+            remove(self.path)
+        except OSError:
+            pass
+
+
+class Writer(_OwnFile):
     """The file of a job on a node in node_exporter's directory (file_name), the watchdog's: write()
     renders its own samples (base labels added) together with `extra` ones (the trainer's staged
     samples, already labelled) and replaces the file. Errors are said once and never stop the caller."""
@@ -287,14 +291,8 @@ class Writer:
             self.failed = str(exc)
             return False
 
-    def remove(self) -> None:
-        try:
-            remove(self.path)
-        except OSError:
-            pass
 
-
-class Stage:
+class Stage(_OwnFile):
     """The trainer's staged samples (staged_name, in <run_dir>/textfile): JSON the watchdog merges into
     the job's file at sample level (read_staged), written with write_atomic. write() checks them with
     render first, so a bad sample is said here, by the trainer. Errors are said once, never raised."""
@@ -318,8 +316,3 @@ class Stage:
             self.failed = str(exc)
             return False
 
-    def remove(self) -> None:
-        try:
-            remove(self.path)
-        except OSError:
-            pass

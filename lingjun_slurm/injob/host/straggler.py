@@ -67,6 +67,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
+from lingjun_slurm.common.jsonobj import json_object
+
 PREFIX = "lingjun-slurm: straggler:"
 SCHEMA = 1
 MAD_K = 3.0
@@ -97,14 +99,8 @@ def _num(v: Any) -> bool:
 
 def parse_steps_line(line: str) -> Optional[Sample]:
     """One line of steps/<attempt>.jsonl (steptimes.py); None for anything else."""
-    line = line.strip()
-    if not line.startswith("{"):
-        return None
-    try:
-        rec = json.loads(line)
-    except ValueError:
-        return None
-    if not isinstance(rec, dict) or not _num(rec.get("time")) or not isinstance(rec.get("ranks"), list):
+    rec = json_object(line)
+    if rec is None or not _num(rec.get("time")) or not isinstance(rec.get("ranks"), list):
         return None
     ranks = []
     for r in rec["ranks"]:
@@ -522,11 +518,8 @@ def job_markers(path: str) -> List[Tuple[str, float]]:
 def metrics_records(path: str) -> List[dict]:
     out = []
     for line in _read_lines(path):
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict) and _num(rec.get("time")):
+        rec = json_object(line)
+        if rec is not None and _num(rec.get("time")):
             out.append(rec)
     return out
 

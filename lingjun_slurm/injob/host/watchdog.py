@@ -93,6 +93,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from lingjun_slurm.common.jsonobj import json_object
+
 PREFIX = "lingjun-slurm: watchdog:"
 HANG_EXIT = 3
 SCHEMA = 1
@@ -127,14 +129,8 @@ def parse_megatron(line: str) -> Optional[Event]:
 
 
 def parse_builtin(line: str) -> Optional[Event]:
-    line = line.strip()
-    if not line.startswith("{"):
-        return None
-    try:
-        rec = json.loads(line)
-    except ValueError:
-        return None
-    if not isinstance(rec, dict):
+    rec = json_object(line)
+    if rec is None:
         return None
     kind = rec.get("type")
     if kind == "train" and isinstance(rec.get("iteration"), int):
@@ -475,7 +471,7 @@ class Exporter:
     def feed(self, line: str, event: Optional[Event], wall: Optional[float]) -> None:
         """One line of the progress file; wall None for what an earlier attempt wrote (time unknown)."""
         if self.fmt == "builtin":
-            rec = _json_record(line)
+            rec = json_object(line)
             if rec is not None and rec.get("type") == "save" and isinstance(rec.get("iteration"), int):
                 t = rec.get("time")
                 self.ckpt_iteration = rec["iteration"]
@@ -573,17 +569,6 @@ class Exporter:
         """The job's file (the trainer removes its staged file itself; the batch script, at the job's end,
         whatever is left)."""
         self.writer.remove()
-
-
-def _json_record(line: str) -> Optional[dict[str, Any]]:
-    line = line.strip()
-    if not line.startswith("{"):
-        return None
-    try:
-        rec = json.loads(line)
-    except ValueError:
-        return None
-    return rec if isinstance(rec, dict) else None
 
 
 @dataclass
