@@ -23,7 +23,7 @@ import socket
 import stat
 import subprocess
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -50,6 +50,8 @@ TASK_BINDINGS = ("cores", "threads", "sockets")  # TaskPluginParam=autobind=...,
 # N, as gres.conf File= on a GPU node. Not /dev/null's 1:3: with ConstrainDevices, Slurm denies
 # an unallocated GPU by its major:minor (task/cgroup), which would deny /dev/null in the job.
 FAKE_GPU_MAJOR = 195
+# One slurmd per node, each on its own port (slurmd_port): 128 nodes use ports base+200..base+327.
+MAX_NODES = 128
 
 
 def cgroup_problem(root: Path = CGROUP_ROOT) -> str | None:
@@ -122,13 +124,22 @@ class DevClusterConfig:
     # core there by default (azure-slurm/slurmcc/cli.py, partition.py use_pcpu), so with
     # CR_Core_Memory a 1-CPU task holds a whole core, 2 CPUs, and their memory.
     threads_per_core: int = 1
+    # MaxArraySize (slurm.conf): the largest array index is one less. Slurm's default is 1001
+    # (src/common/read_config.h DEFAULT_MAX_ARRAY_SIZE, slurm-22-05-8-1), too small for a 1,024-task
+    # preprocess array; read_config.c (_validate_and_set_defaults) rejects more than 4000001, and
+    # slurm.conf(5) wants MaxJobCount (20000 here) much larger.
+    max_array_size: int = 4001
+    # Features= of nodes (slurm.conf NodeName lines): node name -> its features, e.g.
+    # {"node3": ("ib", "fast")}; a job asks for them with --constraint.
+    node_features: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.root = Path(self.root).absolute()
-        if not 2 <= self.nodes <= 8:
-            raise DevClusterError(f"nodes must be 2..8, got {self.nodes}")
-        if not 0 <= self.extra_nodes <= 8 - self.nodes:
-            raise DevClusterError(f"extra_nodes must be 0..{8 - self.nodes} (8 nodes at most), got {self.extra_nodes}")
+        if not 2 <= self.nodes <= MAX_NODES:
+            raise DevClusterError(f"nodes must be 2..{MAX_NODES}, got {self.nodes}")
+        if not 0 <= self.extra_nodes <= MAX_NODES - self.nodes:
+            raise DevClusterError(f"extra_nodes must be 0..{MAX_NODES - self.nodes} ({MAX_NODES} nodes at most), "
+                                  f"got {self.extra_nodes}")
         if not self.extra_partition.isalnum() or self.extra_partition in ("cpu", "gpu"):
             raise DevClusterError(f"extra_partition must be a name other than cpu/gpu, got {self.extra_partition!r}")
         if not 1 <= self.cpus_per_node <= 64 or not 0 <= self.gpus_per_node <= 16:
@@ -142,6 +153,18 @@ class DevClusterConfig:
                                   f"got {self.task_binding!r}")
         if self.threads_per_core not in (1, 2) or self.cpus_per_node % self.threads_per_core:
             raise DevClusterError(f"threads_per_core must be 1 or 2 and divide cpus_per_node, got {self.threads_per_core}")
+        if not 0 <= self.max_array_size <= 4000001:
+            raise DevClusterError(f"max_array_size must be 0..4000001 (slurm.conf MaxArraySize), "
+                                  f"got {self.max_array_size}")
+        self.node_features = {str(n): tuple(str(f) for f in fs) for n, fs in dict(self.node_features).items()}
+        for name, feats in self.node_features.items():
+            if name not in self.node_names:
+                raise DevClusterError(f"node_features names {name!r}, not a node of this cluster "
+                                      f"(node1..node{self.total_nodes})")
+            bad = [f for f in feats if not f or not all(ch.isalnum() or ch in "_-." for ch in f)]
+            if bad:
+                raise DevClusterError(f"node_features of {name}: {bad[0]!r} is not a feature name "
+                                      "(letters, digits, _-.)")
         if not 256 <= self.memory_mb_per_node <= 1 << 24:
             raise DevClusterError(f"memory_mb_per_node must be 256..{1 << 24}, got {self.memory_mb_per_node}")
 
@@ -350,7 +373,8 @@ class DevCluster:
         return self._read_state("config")
 
     def _config_dict(self) -> dict[str, Any]:
-        return dict(asdict(self.config), root=str(self.config.root))
+        # Through JSON, as _saved_config reads it back (node_features' tuples become lists).
+        return dict(json.loads(json.dumps(asdict(self.config), default=str)), root=str(self.config.root))
 
     def _save_state(self, daemons: dict[str, _Daemon]) -> None:
         state = {"config": self._config_dict(), "daemons": {name: asdict(d) for name, d in daemons.items()}}
@@ -488,9 +512,23 @@ class DevCluster:
         mem = f" DefMemPerCPU={c.def_mem_per_cpu}"  # cyclecloud-slurm azure-slurm/slurmcc/cli.py _partitions
         smt = (f" Sockets=1 CoresPerSocket={c.cpus_per_node // c.threads_per_core} ThreadsPerCore={c.threads_per_core}"
                if c.threads_per_core > 1 else "")
+        lines.append(f"MaxArraySize={c.max_array_size}")
+        # One NodeName line per run of consecutive nodes with the same Features (a node is defined
+        # once; its Port range walks with the names: slurm.conf(5) "Port").
+        runs: list[tuple[int, int, tuple[str, ...]]] = []
+        for i in range(1, last + 1):
+            feats = c.node_features.get(f"node{i}", ())
+            if runs and runs[-1][2] == feats:
+                runs[-1] = (runs[-1][0], i, feats)
+            else:
+                runs.append((i, i, feats))
+        for first, end, feats in runs:
+            names = f"node{first}" if first == end else f"node[{first}-{end}]"
+            port = str(c.slurmd_port(first)) if first == end else f"[{c.slurmd_port(first)}-{c.slurmd_port(end)}]"
+            feature = f" Features={','.join(feats)}" if feats else ""
+            lines.append(f"NodeName={names} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} "
+                         f"CPUs={c.cpus_per_node}{smt} RealMemory={c.memory_mb_per_node}{gres}{feature} State=UNKNOWN")
         lines += [
-            f"NodeName=node[1-{last}] NodeHostname={host} NodeAddr=127.0.0.1 Port=[{c.slurmd_port(1)}-"
-            f"{c.slurmd_port(last)}] CPUs={c.cpus_per_node}{smt} RealMemory={c.memory_mb_per_node}{gres} State=UNKNOWN",
             f"PartitionName=cpu Nodes=node[1-{c.nodes}] Default=YES{mem} MaxTime=INFINITE State=UP",
             f"PartitionName=gpu Nodes=node[1-{c.nodes}]{mem} MaxTime=INFINITE State=UP",
         ]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from ..devcluster import DEFAULT_ROOT, TASK_BINDINGS, DevCluster, DevClusterConfig
+from ..devcluster import DEFAULT_ROOT, TASK_BINDINGS, DevCluster, DevClusterConfig, DevClusterError
 
 _ROOT = click.option("--root", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_ROOT,
                      show_default=True, help="State directory (configs, logs, spool, PIDs).")
@@ -27,7 +27,7 @@ def dev_cluster() -> None:
 
 
 @dev_cluster.command()
-@click.option("--nodes", type=click.IntRange(2, 8), default=4, show_default=True, help="Number of slurmd nodes.")
+@click.option("--nodes", type=click.IntRange(2, 128), default=4, show_default=True, help="Number of slurmd nodes.")
 @click.option("--cpus-per-node", type=click.IntRange(1, 64), default=2, show_default=True)
 @click.option("--gpus-per-node", type=click.IntRange(0, 16), default=2, show_default=True,
               help="Fake GPUs (gres gpu) per node.")
@@ -42,15 +42,31 @@ def dev_cluster() -> None:
               help="TaskPluginParam=autobind=VALUE, as on sites that pin tasks (default: Slurm's auto binding).")
 @click.option("--fast-timers", is_flag=True,
               help="KillWait=5, cred_expire=5 (requeue), sched_interval=2 instead of Slurm's 30, 120, 60.")
+@click.option("--max-array-size", type=click.IntRange(0, 4000001), default=4001, show_default=True,
+              help="MaxArraySize in slurm.conf: array indices 0..N-1 (Slurm's default 1001 is too small "
+                   "for a 1,024-task array).")
+@click.option("--feature", "features", multiple=True, metavar="NODE=F1,F2",
+              help="Node features (slurm.conf Features=), for --constraint; repeatable, e.g. --feature node3=ib.")
 @click.option("--timeout", type=float, default=60.0, show_default=True, help="Seconds to wait for start-up.")
 @_ROOT
 def up(nodes: int, cpus_per_node: int, gpus_per_node: int, accounting: bool, base_port: int, cgroups: bool,
-       task_binding: str | None, fast_timers: bool, timeout: float, root: Path) -> None:
+       task_binding: str | None, fast_timers: bool, max_array_size: int, features: tuple[str, ...], timeout: float,
+       root: Path) -> None:
     """Start the cluster from an empty state directory (a no-op if it is already up)."""
-    cluster = DevCluster(DevClusterConfig(root=root, nodes=nodes, cpus_per_node=cpus_per_node,
-                                          gpus_per_node=gpus_per_node, accounting=accounting,
-                                          base_port=base_port, cgroups=cgroups, task_binding=task_binding,
-                                          fast_timers=fast_timers))
+    node_features: dict[str, tuple[str, ...]] = {}
+    for item in features:
+        node, sep, names = item.partition("=")
+        if not sep or not node or not names:
+            raise click.BadParameter(f"{item!r}: expected NODE=FEATURE[,FEATURE...]", param_hint="--feature")
+        node_features[node] = node_features.get(node, ()) + tuple(names.split(","))
+    try:  # the shape is the user's input: a bad one is a usage error (exit 2), not a failure
+        config = DevClusterConfig(root=root, nodes=nodes, cpus_per_node=cpus_per_node, gpus_per_node=gpus_per_node,
+                                  accounting=accounting, base_port=base_port, cgroups=cgroups,
+                                  task_binding=task_binding, fast_timers=fast_timers, max_array_size=max_array_size,
+                                  node_features=node_features)
+    except DevClusterError as exc:
+        raise click.UsageError(str(exc)) from None
+    cluster = DevCluster(config)
     cluster.up(timeout=timeout)
     click.echo(f"dev cluster up: {nodes} nodes, partitions cpu (default) and gpu "
                f"(gpu:{gpus_per_node} per node), accounting {'on' if accounting else 'off'}, "

@@ -154,6 +154,7 @@ def usable_nodes(fields: Dict[str, str]) -> Optional[List[str]]:
     if fields.get("Reservation") and inside is None:
         return None
     nodes: List[str] = []
+    seen = set()  # sinfo -N prints a node once per partition: O(nodes), not O(nodes^2), at 1,000 nodes
     for line in proc.stdout.splitlines():
         parts = line.split()
         if len(parts) < 2:
@@ -175,7 +176,8 @@ def usable_nodes(fields: Dict[str, str]) -> Optional[List[str]]:
             continue
         if inside is not None and name not in inside:
             continue
-        if name not in nodes:
+        if name not in seen:
+            seen.add(name)
             nodes.append(name)
     return nodes
 
@@ -191,6 +193,7 @@ def add(run_dir: str, job: str, need: int, max_nodes: int, found: List[Dict[str,
     fields: Optional[Dict[str, str]] = None
     usable: Optional[List[str]] = None
     current: List[str] = []
+    required: set = set()
     new = False
     changed = False
     for item in found:
@@ -200,18 +203,21 @@ def add(run_dir: str, job: str, need: int, max_nodes: int, found: List[Dict[str,
         if fields is None:
             fields = job_fields(job)
             current = hostnames(fields.get("ExcNodeList", ""))
+            # Expanded once per call, not once per node found: a 64-node verdict made 64 scontrol calls.
+            required = set(hostnames(fields.get("ReqNodeList", "")))
             usable = usable_nodes(fields)
         entry = {"node": node, "reason": reason, "source": source, "job": job, "time": round(now, 3),
                  "excluded": False}
         if len(already) >= max_nodes:
             entry["not_excluded"] = f"training.exclude_bad_nodes ({max_nodes}) already excluded for this job"
-        elif node in hostnames(fields.get("ReqNodeList", "")):
+        elif node in required:
             entry["not_excluded"] = "the job requires this node (its nodelist)"
         elif usable is None:
             entry["not_excluded"] = ("the nodes the job could use cannot be counted (sinfo, its reservation or "
                                      f"its constraint {fields.get('Features') or ''!r})")
         else:
-            left = [n for n in usable if n not in already and n not in current and n != node]
+            gone_ = set(already) | set(current) | {node}
+            left = [n for n in usable if n not in gone_]
             if len(left) < need:
                 where = f"its partition{' and reservation' if fields.get('Reservation') else ''}"
                 entry["not_excluded"] = f"the job needs {need} nodes and {where} would keep {len(left)} usable"
