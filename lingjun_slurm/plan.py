@@ -431,8 +431,13 @@ def merge_in_preprocess(spec: Spec) -> bool:
 
 
 def _array(spec: Spec) -> str:
+    """sbatch --array: 0-(n-1), with `%M` when data.max_running limits how many run at once
+    (Slurm's syntax: sbatch(1) --array; slurmctld takes atoi() of what follows `%` as the array's
+    max_run_tasks, src/slurmctld/job_mgr.c _create_job_array, slurm-22-05-8-1 lines 5019-5024).
+    A limit at or above the task count limits nothing and is left out."""
     n = len(spec.data.inputs) if spec.data.tool == "megatron-lm" else spec.data.shards
-    return f"0-{n - 1}"
+    limit = spec.data.max_running
+    return f"0-{n - 1}" + (f"%{limit}" if limit is not None and limit < n else "")
 
 
 def settings(spec: Spec, cplan: ContainerPlan | None = None) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from typing import Callable, Optional
 
 from ..common.atomicfile import atomic_write
 from ..common.diskspace import NO_SPACE, full_filesystem, mount_point, no_space_in_log, no_space_reason
-from ..runs.logs import array_indices, resolve_pattern, sbatch_option
+from ..runs.logs import array_indices, array_limit, resolve_pattern, sbatch_option
 from ..runs.manifest import Manifest, StageRecord, load_manifest
 from ..transport.local import LocalTransport
 from .childwait import wait_any
@@ -74,7 +74,8 @@ def describe(run_dir: str, stages: list[tuple[str, str, list[str], int, Optional
              f"LINGJUN_RUN_DIR={run_dir} and the SLURM_* a job of one node on {socket.gethostname()} sees "
              "(SLURM_JOB_ID, SLURM_NTASKS, SLURM_ARRAY_TASK_ID, ...)",
              f"  jobs start when their dependencies completed; array tasks run {os.cpu_count() or 1} at a time "
-             "(the CPU count); a failed job cancels the jobs after it"]
+             "(the CPU count), or fewer where the array's %M (data.max_running) says so; a failed job cancels "
+             "the jobs after it"]
     for i, (name, script, after, tasks, array) in enumerate(stages, start=1):
         deps = f"after {', '.join(after)}" if after else "first"
         how = f"{tasks} tasks (python3 -m lingjun_slurm.executors.launch)" if tasks > 1 else "1 task"
@@ -488,9 +489,18 @@ class LocalRunner:
                 self.echo(f"{_clock()} {rec.name:<14} CANCELLED  dependency never satisfied ({ups})")
                 changed = True
                 continue
+            # An array's `%M` (data.max_running): at most M of its tasks run at once, the others
+            # wait with Slurm's reason for it, JobArrayTaskLimit (job_mgr.c job_array_start_test,
+            # slurm-22-05-8-1 lines 16200-16216; slurm_protocol_defs.c:1888-1889).
+            limit = array_limit(rec.array) if rec.array else None
+            running = sum(1 for t in self.state.tasks if t.stage == rec.name and t.state == "RUNNING")
             for t in pending:
-                if ready and len(self.procs) < self.max_parallel:
+                if ready and limit is not None and running >= limit:
+                    if t.reason != "JobArrayTaskLimit":
+                        t.reason, changed = "JobArrayTaskLimit", True
+                elif ready and len(self.procs) < self.max_parallel:
                     self._start(rec, t)
+                    running += 1
                     changed = True
                 elif ready and t.reason != "Resources":
                     t.reason, changed = "Resources", True

@@ -27,6 +27,14 @@ def array_indices(spec: str) -> list[int]:
     return out
 
 
+def array_limit(spec: str) -> Optional[int]:
+    """The `%M` of an --array spec: at most M tasks run at once; None without one. slurmctld reads
+    it with atoi() and only a value > 0 limits (src/slurmctld/job_mgr.c _create_job_array,
+    slurm-22-05-8-1 lines 5019-5024)."""
+    _, sep, limit = spec.partition("%")
+    return int(limit) if sep and limit.isdigit() and int(limit) > 0 else None
+
+
 def sbatch_option(script_text: str, key: str) -> Optional[str]:
     match = re.search(rf"^#SBATCH --{re.escape(key)}=(.*)$", script_text, re.M)
     return match.group(1).strip() if match else None

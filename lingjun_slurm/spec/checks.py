@@ -391,6 +391,52 @@ def check_data(spec: Spec) -> list[Issue]:
     return issues
 
 
+def array_tasks(spec: Spec) -> int:
+    """The preprocess array's task count (plan.py _array: one task per input file for megatron-lm,
+    else one per shard); 0 when preprocess is skipped (no array is submitted)."""
+    if spec.stages.preprocess.skip:
+        return 0
+    return len(spec.data.inputs) if spec.data.tool == "megatron-lm" else spec.data.shards
+
+
+def check_array_size(spec: Spec, max_array_size: int | None) -> list[Issue]:
+    """The preprocess array against the cluster's MaxArraySize (`scontrol show config`), when known.
+    Slurm refuses an array whose largest index is >= MaxArraySize ("Invalid job array
+    specification": src/slurmctld/job_mgr.c _parse_array_tok, slurm-22-05-8-1 lines 7815-7816),
+    and MaxArraySize=0 disables arrays (_valid_array_inx, lines 7838-7841). Unknown (None): Slurm's
+    default, 1001 (presets/slurm_limits.yaml), is only a hint: the cluster may set another."""
+    from ..presets import load
+
+    n = array_tasks(spec)
+    if n == 0 or max_array_size is None:
+        return []
+    field = ("data", "inputs") if spec.data.tool == "megatron-lm" else ("data", "shards")
+    if max_array_size == 0:
+        return [Issue(field, "this cluster has job arrays disabled (MaxArraySize=0 in slurm.conf); the preprocess "
+                             "stage is an array job")]
+    if n - 1 >= max_array_size:
+        default = load("slurm_limits.yaml")["max_array_size"]["default"]
+        return [Issue(field, f"{n} preprocess array tasks need indices 0-{n - 1}, and this cluster's MaxArraySize="
+                             f"{max_array_size} allows 0-{max_array_size - 1} (slurm.conf(5): the largest index "
+                             f"is MaxArraySize-1; Slurm's default is {default}): use at most {max_array_size} "
+                             f"shards, or ask the admin to raise MaxArraySize to at least {n}")]
+    return []
+
+
+def array_size_hint(spec: Spec) -> list[Issue]:
+    """A warning where the cluster's MaxArraySize is unknown and the array needs more than Slurm's
+    default allows (presets/slurm_limits.yaml): many clusters keep the default."""
+    from ..presets import load
+
+    n = array_tasks(spec)
+    default = load("slurm_limits.yaml")["max_array_size"]["default"]
+    if n - 1 < default:
+        return []
+    field = ("data", "inputs") if spec.data.tool == "megatron-lm" else ("data", "shards")
+    return [Issue(field, f"{n} preprocess array tasks need MaxArraySize >= {n} in the cluster's slurm.conf; "
+                         f"Slurm's default is {default} (the largest index is MaxArraySize-1)")]
+
+
 def check_container(spec: Spec) -> list[Issue]:
     # SRC:DST strings get the path limits of {src, dst} (models.path_fits), with that message
     # instead of the Mount validation error container.parse_mount would pass on.
@@ -718,5 +764,7 @@ def check_local_paths(spec: Spec, runs_here: bool) -> tuple[list[Issue], list[Is
                 missing(("data", "prefix"), f"dataset file {data.prefix + ext!r} does not exist",
                         {c.name for c in st.commands if c.before in ("train",)})
                 break
+    if not runs_here:  # the chain goes to a Slurm cluster whose MaxArraySize is not known here
+        warnings += array_size_hint(spec)
     hf_errors, hf_warnings = check_init_from_config(spec, runs_here)
     return errors + hf_errors, warnings + hf_warnings

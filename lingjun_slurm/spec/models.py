@@ -405,6 +405,15 @@ class DataSpec(SpecModel):
     tokenizer: Optional[Tokenizer] = Field(default=None, description="Tokenizer used by preprocessing and training.")
     append_eod: bool = Field(default=True, description="Append an end-of-document token to every document.")
     shards: int = Field(default=1, ge=1, le=10000, description="Preprocess array size (one task per shard).")
+    # Slurm's `--array=0-N%M`: slurmctld parses the number after `%` with atoi into the array's
+    # max_run_tasks (> 0 sets the limit: src/slurmctld/job_mgr.c _create_job_array, slurm-22-05-8-1
+    # lines 5019-5024) and job_array_start_test holds further tasks with reason JobArrayTaskLimit
+    # while tot_run_tasks >= max_run_tasks (lines 16200-16216).
+    max_running: Optional[int] = Field(
+        default=None, ge=1, le=10000,
+        description="At most this many preprocess array tasks run at once (Slurm's --array=0-N%max_running; "
+                    "the local executor honours it too). Default (unset): no limit beyond the cluster's.",
+    )
     workers: Optional[int] = Field(
         default=None, ge=1, le=1024,
         description="Tokenizer worker processes per shard. Default (unset): builtin chooses in the task from its CPUs "

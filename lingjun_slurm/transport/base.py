@@ -74,6 +74,21 @@ class Transport(abc.ABC):
     def read_text(self, path: str) -> str:
         return self.read_bytes(path).decode("utf-8", errors="replace")
 
+    def read_dir_files(self, path: str, prefix: str = "", max_bytes: int = 1 << 16) -> dict[str, bytes]:
+        """Every regular file directly in directory path whose name starts with prefix -> its first
+        max_bytes bytes; {} when the directory does not exist. For many small files (a 1,024-task
+        array's markers): a backend answers in a bounded number of round trips, not one per file.
+        This default reads them one by one (fine locally)."""
+        out: dict[str, bytes] = {}
+        for name in self.listdir(path):
+            if not name.startswith(prefix):
+                continue
+            try:
+                out[name] = self.read_range(f"{path}/{name}", 0, max_bytes)
+            except (IsADirectoryError, PermissionError):
+                continue
+        return out
+
     @abc.abstractmethod
     def exists(self, path: str) -> bool: ...
 

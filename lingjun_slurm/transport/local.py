@@ -133,3 +133,44 @@ class LocalTransport(Transport):
                 return fh.read(length)
         except FileNotFoundError:
             return b""
+
+    def read_dir_files(self, path: str, prefix: str = "", max_bytes: int = 1 << 16) -> dict[str, bytes]:
+        """One scandir; each file opened with O_NONBLOCK and kept only when fstat says it is a
+        regular file (a symlink is followed, as read_bytes does), so a FIFO or device among the
+        names never blocks the read; an unreadable or vanished file is left out."""
+        return read_dir_files_here(path, prefix, max_bytes)
+
+
+def read_dir_files_here(path: str, prefix: str, max_bytes: int) -> dict[str, bytes]:
+    """Transport.read_dir_files on this machine (standard library only)."""
+    import stat
+
+    try:
+        names = sorted(os.listdir(path))
+    except (FileNotFoundError, NotADirectoryError):
+        return {}
+    out: dict[str, bytes] = {}
+    for name in names:
+        if not name.startswith(prefix):
+            continue
+        try:
+            fd = os.open(os.path.join(path, name), os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+        except OSError:
+            continue
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                continue
+            chunks: list[bytes] = []
+            left = max_bytes
+            while left > 0:
+                chunk = os.read(fd, left)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                left -= len(chunk)
+            out[name] = b"".join(chunks)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+    return out
