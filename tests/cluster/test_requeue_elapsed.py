@@ -25,11 +25,12 @@ def test_requeued_job_shows_the_time_it_used_not_its_limit(slurm_cluster: Any, t
                       extra={"cluster": {"network": {"profile": "tcp"},
                                          "defaults": {"partition": "cpu", "time": "02:00:00"}}})
     run = submitted_run_id(cli("submit", str(spec), "--executor", "slurm", env=env).stdout)
+    senv = {**os.environ, **env}
+    job = ""
     try:
         job = json.loads((tmp_path / "work" / "runs" / run / "manifest.json").read_text())["stages"][0]["job_ids"][0]
         wait_for(run, env, lambda s: s["a"]["state"] == "RUNNING")
         time.sleep(2)
-        senv = {**os.environ, **env}
         # Command stages are submitted --no-requeue; a train job is requeued the same way.
         subprocess.run(["scontrol", "update", f"JobId={job}", "Requeue=1"], env=senv, check=True)
         subprocess.run(["scontrol", "requeue", job], env=senv, check=True)
@@ -52,4 +53,9 @@ def test_requeued_job_shows_the_time_it_used_not_its_limit(slurm_cluster: Any, t
         # Running again: the time since its new start, as squeue's TIME column counts it.
         assert seen[-1][0] == "RUNNING" and seen[-1][1] is not None and seen[-1][1] < 60, seen
     finally:
-        cli("cancel", run, env=env, check=None)
+        # A plain scancel (SIGKILL after KillWait): the job ignores SIGTERM, so `cancel` would wait
+        # its STEP_STOP_WAIT_S (30 s, lingjun_slurm/cli/runs.py) for the step to stop, in vain.
+        if job:
+            subprocess.run(["scancel", job], env=senv, check=False)
+        else:
+            cli("cancel", run, env=env, check=None)

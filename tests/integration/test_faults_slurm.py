@@ -17,6 +17,7 @@ import pytest
 
 from .faults import last_iteration, resumes, train_spec, wait_for_rank
 from .helpers import all_ended, cli, submitted_run_id, wait_for
+from .shared_runs import KILLED_RANK_TESTS, KilledRankRun, start_early
 
 SAVE = 10
 
@@ -37,12 +38,14 @@ def train_job(run_dir: Path) -> str:
 
 
 @pytest.mark.slurm
-def test_a_stopped_rank_is_a_hang_its_node_is_excluded_and_training_finishes(tmp_path: Path,
-                                                                              slurm_env: dict[str, str]) -> None:
+def test_a_stopped_rank_is_a_hang_its_node_is_excluded_and_training_finishes(
+        tmp_path: Path, slurm_env: dict[str, str], request: pytest.FixtureRequest) -> None:
     """SIGSTOP on rank 1 after the first checkpoint: the other rank waits in its all-reduce, no new
     iteration appears, and after hang_timeout the watchdog records both ranks' states (rank 1
     stopped), collects their stacks, ends the step; the script requeues the job and sets its
-    ExcNodeList to rank 1's node, and the next attempt resumes from the checkpoint elsewhere."""
+    ExcNodeList to rank 1's node, and the next attempt resumes from the checkpoint elsewhere.
+    (Mostly waiting: the shared killed-rank run, tests/integration/shared_runs.py, runs meanwhile.)"""
+    start_early(request, "killed_rank_started", KILLED_RANK_TESTS)
     spec = train_spec(tmp_path, "hang", iterations=30, save_interval=SAVE, hang_timeout=12, preflight=False)
     run_id = submitted_run_id(cli("submit", str(spec), "--executor", "slurm", env=slurm_env).stdout)
     run_dir = tmp_path / "hang" / "runs" / run_id
@@ -72,22 +75,18 @@ def test_a_stopped_rank_is_a_hang_its_node_is_excluded_and_training_finishes(tmp
 
 
 @pytest.mark.slurm
-def test_a_killed_rank_requeues_and_resumes(tmp_path: Path, slurm_env: dict[str, str]) -> None:
+def test_a_killed_rank_requeues_and_resumes(killed_rank_run: KilledRankRun) -> None:
     """SIGKILL on rank 1 mid-training: srun ends the step (--kill-on-bad-exit), the script requeues
     (a task killed by a signal), the next attempt resumes from the last checkpoint. No node is
-    blamed: a rank that died says nothing about its node."""
-    spec = train_spec(tmp_path, "kill", iterations=30, save_interval=SAVE, hang_timeout=60, preflight=False)
-    run_id = submitted_run_id(cli("submit", str(spec), "--executor", "slurm", env=slurm_env).stdout)
-    run_dir = tmp_path / "kill" / "runs" / run_id
-    _, pid = wait_for_rank(run_dir, 1, SAVE + 1)
-    at = last_iteration(run_dir)
-    os.kill(pid, signal.SIGKILL)
-    stages = wait_for(run_id, slurm_env, all_ended, timeout=300)
+    blamed: a rank that died says nothing about its node. (The run, pre-flight on, is shared with
+    test_goodput_slurm.py: tests/integration/shared_runs.py.)"""
+    run = killed_rank_run
+    stages, run_dir = run.stages, run.run_dir
     assert stages["train"]["state"] == "COMPLETED", stages
     assert stages["train"]["restarts"] == 1
-    assert resumes(run_dir)[-1]["iteration"] >= at - SAVE
+    assert resumes(run_dir)[-1]["iteration"] >= run.at - run.save_interval
     assert not (run_dir / "nodes" / "excluded.json").exists()
-    assert "ExcNodeList=(null)" in scontrol_job(slurm_env, train_job(run_dir))
+    assert "ExcNodeList=(null)" in scontrol_job(run.env, train_job(run_dir))
 
 
 def node_roots(tmp: Path, bad: str) -> str:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -17,10 +16,9 @@ import pytest
 
 from lingjun_slurm.injob.host import ledger
 
-from .faults import last_iteration, records, resumes, train_spec, wait_for_rank
-from .helpers import all_ended, cli, submitted_run_id, wait_for
-
-SAVE = 10
+from .faults import records, resumes
+from .helpers import cli
+from .shared_runs import KilledRankRun
 
 
 @pytest.fixture
@@ -43,15 +41,12 @@ def own_allocation(env: dict[str, str], job_ids: list[str]) -> float:
 
 @pytest.mark.slurm
 def test_a_requeued_run_has_its_lost_work_and_requeue_gap_and_buckets_summing_to_slurms_allocation(
-        tmp_path: Path, slurm_env: dict[str, str]) -> None:
-    spec = train_spec(tmp_path, "goodput", iterations=30, save_interval=SAVE, hang_timeout=60, preflight=True)
-    run_id = submitted_run_id(cli("submit", str(spec), "--executor", "slurm", env=slurm_env).stdout)
-    run_dir = tmp_path / "goodput" / "runs" / run_id
-    _, pid = wait_for_rank(run_dir, 1, SAVE + 3, timeout=480)
-    at = last_iteration(run_dir)
-    os.kill(pid, signal.SIGKILL)
-    stages = wait_for(run_id, slurm_env, all_ended, timeout=400)
-    said = [line for log in sorted((tmp_path / "goodput" / "logs").glob("*train*"))
+        tmp_path: Path, killed_rank_run: KilledRankRun) -> None:
+    """The run (rank 1 SIGKILLed at SAVE + 3 or later, pre-flight on) is shared with
+    test_faults_slurm.py's killed rank: tests/integration/shared_runs.py."""
+    run = killed_rank_run
+    slurm_env, run_id, run_dir, at, stages = run.env, run.run_id, run.run_dir, run.at, run.stages
+    said = [line for log in sorted((run.work / "logs").glob("*train*"))
             for line in log.read_text(errors="replace").splitlines() if line.startswith("lingjun-slurm")]
     assert stages["train"]["state"] == "COMPLETED" and stages["train"]["restarts"] == 1, (stages["train"], said)
     resumed = resumes(run_dir)[-1]["iteration"]
