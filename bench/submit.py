@@ -102,11 +102,12 @@ def command_kinds(history: list[tuple[str, ...]]) -> dict[str, int]:
     return dict(sorted(kinds.items()))
 
 
-def write_spec(path: Path, workdir: Path, partition: str) -> Path:
-    """Four chained `command` stages (built-ins skipped), as tests/integration/helpers.chain_spec."""
+def write_spec(path: Path, workdir: Path, partition: str, n_stages: int = STAGES, name: str = "bench") -> Path:
+    """n_stages chained `command` stages (built-ins skipped), as tests/integration/helpers.chain_spec;
+    bench/scale_queue.py uses it too."""
     stages: dict[str, Any] = {s: {"skip": True} for s in ("preprocess", "merge", "train", "checkpoint")}
     commands: list[dict[str, Any]] = []
-    for i in range(STAGES):
+    for i in range(n_stages):
         item: dict[str, Any] = {"name": f"s{i + 1}", "command": "sleep 30"}
         if i == 0:
             item["before"] = "preprocess"
@@ -116,7 +117,7 @@ def write_spec(path: Path, workdir: Path, partition: str) -> Path:
     stages["commands"] = commands
     doc = {
         "version": 1,
-        "run": {"name": "bench", "workdir": str(workdir)},
+        "run": {"name": name, "workdir": str(workdir)},
         "cluster": {"network": {"profile": "tcp"}, "defaults": {"partition": partition, "time": "00:05:00"},
                     "sbatch_extra": {"begin": "now+1hour"}},
         "container": {"runtime": "none"},

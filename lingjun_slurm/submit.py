@@ -1,9 +1,10 @@
 """submit and resubmit: render the chain, write the run record, queue the jobs all-or-nothing.
 
-Slurm: every stage is submitted held (`sbatch --parsable --hold`) with afterok (or the
-spec's) dependencies on the job ids before it; only when the last sbatch succeeded are
-they released, in one `scontrol release`. If any sbatch fails, every job already queued
-is cancelled, the manifest says "failed" and SubmitError (exit 1) carries Slurm's error.
+Slurm: every stage is submitted with afterok (or the spec's) dependencies on the job ids before
+it; a stage that depends by afterok on a job of this submission waits behind it, the others are
+held (`sbatch --parsable --hold`); only when the last sbatch succeeded are the held ones
+released, in one `scontrol release` for a fresh chain. If any sbatch fails, every job already
+queued is cancelled, the manifest says "failed" and SubmitError (exit 1) carries Slurm's error.
 No stage of a failed submission ever starts.
 
 The transport decides where: this machine, or a login node over SSH, where the run
@@ -124,11 +125,13 @@ def dry_run_lines(prep: Prepared) -> list[str]:
     placeholder = {st.name: [f"<{st.name}>"] for st in plan.stages}
     for st in plan.stages:
         dep = dependency_string(st, placeholder)
-        argv = ["sbatch", "--parsable", "--hold"] + ([f"--dependency={dep}"] if dep else []) + [st.script]
+        behind = any(d.type == "afterok" for d in st.depends_on)  # as submit_stages: behind a held job
+        argv = (["sbatch", "--parsable"] + ([] if behind else ["--hold"]) + ([f"--dependency={dep}"] if dep else [])
+                + [st.script])
         res = st.resources
         shape = f"{res.nodes}x{res.tasks_per_node} tasks" + (f", {res.gpus_per_node} GPU/node" if res.gpus_per_node else "")
         lines.append(f"  {st.name:<16} {' '.join(argv)}   # {shape}{', array ' + st.array if st.array else ''}")
-    lines.append("  then: scontrol release <every job id>")
+    lines.append("  then: scontrol release <every --hold job id>")
     return lines
 
 
@@ -222,16 +225,25 @@ def submit_stages(sched: SlurmCLI, manifest: Manifest, stages: list[StagePlan], 
                   echo: Echo, replaces: Optional[dict[str, list[str]]] = None,
                   on_job: Optional[Callable[[list[str]], None]] = None,
                   rolled_back: Optional[list[bool]] = None) -> list[str]:
-    """Submit stages held, in order, then release them; on any failure cancel what this call queued.
+    """Submit stages in order (held, or behind an afterok on a held one), then release the held
+    ones; on any failure cancel what this call queued.
 
-    The manifest is saved after every sbatch, so no job id is ever lost. Jobs whose
-    dependencies are all inside this submission are released first and the roots last, so
+    The manifest is saved after every sbatch, so no job id is ever lost. Held jobs that wait
+    on jobs outside this submission are released first and the roots last, so
     a failing release never lets a root start ahead of the rollback. on_job(ids so far) after
     each sbatch (the workdir lock records them); rolled_back gets True when a failure's rollback
     cancelled everything this call queued.
     """
     submitted: list[str] = []
     roots: list[str] = []
+    held: list[str] = []
+    # Jobs of this call that cannot start before the release: held ones, and those with an afterok on
+    # one of them. A stage with an afterok on a gated job is queued without --hold: it cannot start
+    # before its upstream ends, and when the rollback cancels that upstream its afterok can never be
+    # met (Slurm cancels it: --kill-on-invalid-dep). So one `scontrol release` of the held jobs starts
+    # the chain, not one per stage list (issue 31: 1 + 1/N calls per stage, bare sbatch is 1). Only
+    # afterok gates: an afterany or afternotok would be met by the rollback's own cancel.
+    gated: set[str] = set()
     job_ids = dict(known)
     current: Optional[StagePlan] = None
     with signals_interrupt():
@@ -239,8 +251,12 @@ def submit_stages(sched: SlurmCLI, manifest: Manifest, stages: list[StagePlan], 
             for st in stages:
                 current = st
                 dep = dependency_string(st, job_ids, (replaces or {}).get(st.name, ()))
-                job_id = sched.submit(st.script, cwd=manifest.run_dir, hold=True, dependency=dep)
+                behind = any(j in gated for d in st.depends_on if d.type == "afterok" for j in job_ids.get(d.stage, ()))
+                job_id = sched.submit(st.script, cwd=manifest.run_dir, hold=not behind, dependency=dep)
                 submitted.append(job_id)
+                gated.add(job_id)
+                if not behind:
+                    held.append(job_id)
                 if dep is None:
                     roots.append(job_id)
                 job_ids[st.name] = [job_id]
@@ -253,7 +269,12 @@ def submit_stages(sched: SlurmCLI, manifest: Manifest, stages: list[StagePlan], 
                 if on_job is not None:
                     on_job(list(submitted))
             current = None
-            sched.release([j for j in submitted if j not in roots])
+            # Held jobs that wait on jobs outside this call (a resubmit's running upstream) first, the
+            # roots last: a failing release never lets a root start ahead of the rollback. scontrol
+            # goes on to the next id after a failed one (src/scontrol/update_job.c scontrol_hold,
+            # slurm-22-05-8-1:245-274), so the two groups cannot share one call. A fresh chain has
+            # no such jobs: one call.
+            sched.release([j for j in held if j not in roots])
             sched.release(roots)
         except BaseException as exc:  # noqa: BLE001 - every failure rolls back, then is reported
             note, ok = _rollback(sched, submitted, current.job_name if current else None)
@@ -313,9 +334,22 @@ def take_workdir(t: Transport, prep: Prepared, echo: Echo, force: bool = False) 
     return lock
 
 
+def _check_array_size(prep: Prepared, max_array_size: Optional[int]) -> None:
+    """The preprocess array against the cluster's MaxArraySize: sbatch would refuse it ("Invalid job
+    array specification") after the stages before it were queued; this names the spec's field."""
+    from .common.errors import Issue, SpecError
+    from .spec.checks import check_array_size
+
+    loaded = prep.loaded
+    issues = check_array_size(loaded.spec, max_array_size)
+    if issues:
+        raise SpecError(loaded.source, [Issue(i.loc, i.message, loaded.doc.line_of(i.loc)) for i in issues])
+
+
 def submit_slurm(t: Transport, prep: Prepared, index: RunIndex, echo: Echo, force: bool = False) -> Manifest:
     sched = SlurmCLI(t)
     info = sched.cluster_info()
+    _check_array_size(prep, info.max_array_size)  # before anything is written or queued
     cluster = ClusterRecord(name=info.name, slurm_version=info.slurm_version, accounting=info.accounting,
                             jobcomp_type=info.jobcomp_type, jobcomp_loc=info.jobcomp_loc)
     wheels = code_to_ship(prep)  # a bad run.ship_wheels stops here, before anything is written

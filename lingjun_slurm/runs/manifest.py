@@ -243,7 +243,11 @@ def _strict(kind: Any, value: Any) -> Any:
         raise _NotStrict
     if kind is Any:
         return value
-    if dataclasses.is_dataclass(kind):
+    known = _KINDS.get(kind)
+    if known is None:  # typing's introspection once per type, not per value (status loads 2,000 manifests)
+        known = _KINDS[kind] = (dataclasses.is_dataclass(kind), typing.get_origin(kind), typing.get_args(kind))
+    is_record, origin, type_args = known
+    if is_record:
         if type(value) is not dict:
             raise _NotStrict
         args = {}
@@ -255,28 +259,31 @@ def _strict(kind: Any, value: Any) -> Any:
             elif f.required:
                 raise _NotStrict
         return kind(**args)
-    origin = typing.get_origin(kind)
     if origin is list:
         if type(value) is not list:
             raise _NotStrict
-        (item,) = typing.get_args(kind)
+        (item,) = type_args
         return [_strict(item, v) for v in value]
     if origin is dict:
         if type(value) is not dict:
             raise _NotStrict
-        key, item = typing.get_args(kind)
+        key, item = type_args
         if key is not str:
             raise _NotStrict
         return {k: _strict(item, v) for k, v in value.items()}
     if origin is Literal:
-        if type(value) is not str or value not in typing.get_args(kind):
+        if type(value) is not str or value not in type_args:
             raise _NotStrict
         return value
     if origin is typing.Union:
-        if value is None and type(None) in typing.get_args(kind):
+        if value is None and type(None) in type_args:
             return None
         return _strict(_optional_of(kind), value)
     raise _NotStrict
+
+
+# kind -> (is a record dataclass, typing.get_origin, typing.get_args), filled by _strict.
+_KINDS: dict[Any, tuple[bool, Any, tuple[Any, ...]]] = {}
 
 
 _MODELS: dict[type, Any] = {}

@@ -152,7 +152,7 @@ def test_dry_run_writes_nothing(tmp_path: Path, env: dict[str, str]) -> None:
     spec = chain_spec(tmp_path / "s.yaml", tmp_path / "work", [{"name": "a", "command": "true"},
                                                                {"name": "b", "command": "true"}])
     proc = cli("submit", str(spec), "--executor", "slurm", "--dry-run", env=env)
-    assert "sbatch --parsable --hold --dependency=afterok:<a> b.sbatch" in proc.stdout
+    assert "sbatch --parsable --dependency=afterok:<a> b.sbatch" in proc.stdout  # behind a held job: no --hold
     assert not (tmp_path / "work").exists()
     assert not (tmp_path / "state").exists()
 

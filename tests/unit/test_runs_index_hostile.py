@@ -146,7 +146,7 @@ class FakeSlurm:
     def cluster_info(self) -> Any:
         from types import SimpleNamespace
 
-        return SimpleNamespace(name="fake", slurm_version="25.05.0", accounting=False, jobcomp_type="", jobcomp_loc="")
+        return SimpleNamespace(name="fake", slurm_version="25.05.0", accounting=False, jobcomp_type="", jobcomp_loc="", max_array_size=None)
 
     def submit(self, *a: object, **k: object) -> str:
         raise AssertionError("sbatch must not run when the index cannot be written")
