@@ -1,7 +1,8 @@
 """The Slurm scheduler on top of a Transport: sbatch, scontrol, scancel, squeue, sacct.
 
-Every method is one command. Status-style reads are batched: one `squeue --json` and at
-most one `sacct` cover every job shown, however many there are (submitit's InfoWatcher).
+Every method is one command. Status-style reads are batched: one `squeue` (text; `--json`
+where this squeue lacks a field of the text form) and at most one `sacct` cover every job
+shown, however many there are (submitit's InfoWatcher).
 Failures raise CommandError with the command, exit code and Slurm's raw stderr; a queue that
 cannot be read (slurmctld unreachable) raises SlurmUnavailable with Slurm's own words.
 
@@ -19,7 +20,15 @@ from typing import Iterable, Optional, Sequence
 
 from ..common.errors import CommandError, SlurmUnavailable, UsageError
 from ..transport.base import Transport
-from .parse import SACCT_FIELDS, JobInfo, SlurmParseError, parse_sacct_parsable, parse_squeue_json
+from .parse import (
+    SACCT_FIELDS,
+    SQUEUE_FORMAT,
+    JobInfo,
+    SlurmParseError,
+    parse_sacct_parsable,
+    parse_squeue_json,
+    parse_squeue_text,
+)
 
 _JOB_ID_RE = re.compile(r"^[0-9]+$")
 
@@ -62,6 +71,33 @@ def conf_problem(t: Transport) -> str:
     return ""
 _NO_ACCOUNTING = ("accounting storage is disabled", "Connection refused", "Unable to contact slurm")
 
+# The longest `--jobs=ID,ID,...` argument one sacct call gets (issue 31: status of 10,000 jobs).
+# Linux refuses a single argument of more than MAX_ARG_STRLEN = 32 pages = 131072 bytes with its NUL
+# (include/uapi/linux/binfmts.h; E2BIG measured here: 131072 bytes run, 131073 do not), and over
+# SSH the whole command line is one argument of the remote shell's `-c`. sacct itself takes any
+# number (src/sacct/options.c case 'j' -> slurm_addto_step_list, which checks each id against the
+# list so far with list_find_first: quadratic in the ids of one call; slurm_protocol_defs.c
+# _addto_step_list_internal, slurm-22-05-8-1:649, slurm-23-02-7-1:666), and slurmdbd turns them
+# into one SQL `id_job in (...)` (as_mysql_jobacct_process.c _setup_job_cond_selected_steps,
+# slurm-22-05-8-1:263). Half the kernel's limit leaves room for the other arguments and quoting.
+SACCT_JOBS_BYTES = 65536
+
+
+def id_chunks(ids: Sequence[str], limit: int) -> list[str]:
+    """ids joined with "," into as few strings of at most limit characters as fit (one id never split)."""
+    chunks: list[str] = []
+    cur: list[str] = []
+    size = 0
+    for i in ids:
+        if cur and size + 1 + len(i) > limit:
+            chunks.append(",".join(cur))
+            cur, size = [], 0
+        size += len(i) + (1 if cur else 0)
+        cur.append(i)
+    if cur:
+        chunks.append(",".join(cur))
+    return chunks
+
 
 @dataclass(frozen=True)
 class ClusterInfo:
@@ -70,6 +106,15 @@ class ClusterInfo:
     accounting: bool
     jobcomp_type: str
     jobcomp_loc: str
+    # MaxArraySize (`scontrol show config`; the largest array index is this less 1, 0: no arrays),
+    # None when not printed. src/common/read_config.c, slurm-22-05-8-1.
+    max_array_size: Optional[int] = None
+
+
+# (transport kind, host[, PATH, slurm.conf and its stat for a local transport]) -> what `scontrol show
+# config` said.
+_CLUSTER_INFO: dict[tuple[object, ...], tuple[float, ClusterInfo]] = {}  # key -> (monotonic time read, info)
+CLUSTER_INFO_TTL_S = 60.0
 
 
 class SlurmCLI:
@@ -79,6 +124,8 @@ class SlurmCLI:
 
     def __init__(self, transport: Transport) -> None:
         self.t = transport
+        # Why the queue is read as JSON (this squeue refused the text form), for status --verbose.
+        self.failed: Optional[str] = None
 
     def available(self) -> bool:
         return self.t.which("sbatch") is not None
@@ -127,23 +174,51 @@ class SlurmCLI:
         self.t.run(["scancel", "--me", f"--name={job_name}"], check=True, what="scancel --name failed")
 
     def queue(self) -> list[JobInfo]:
-        """Every job slurmctld still remembers: one `squeue --json` (22.05 ignores -j anyway).
+        """Every job of this user slurmctld still remembers: one `squeue` (callers filter by id).
 
-        Callers filter by job id. `--me` limits the document to the caller's jobs where
-        Slurm honours it (23.02+).
+        The text form (SQUEUE_ARGV: `--me --states=all --noheader --Format=<parse.SQUEUE_FORMAT>`,
+        times as epoch seconds by SLURM_TIME_FORMAT=%s in the command's environment; the SSH
+        transport sets it on the remote command line, `env -- NAME=VALUE`, sshcommands.command_line)
+        gives the JobInfo fields `squeue --json` gives, at 0.9 MB
+        and 0.10 s for 10,000 jobs where 22.05's JSON is 31 MB and 1.1 s (issue 31; the format and
+        what each field prints: parse.py, "squeue text"). No -j: one call whatever the job count
+        (22.05's JSON ignored -j anyway). Where this Slurm refuses a field or an option of it
+        (squeue prints "Invalid job format specification: X" and exits 0, or getopt's
+        "unrecognized option" and exits 1: src/squeue/opts.c, slurm-22-05-8-1:1728, 24-05-8-1:968),
+        `squeue --json --me` as before, for this reader's life; `failed` says so (status --verbose).
 
-        SlurmUnavailable when the queue cannot be read. 23.02 and later print Slurm's error
-        ("slurm_load_jobs error: Unable to contact slurm controller (connect failure)") and exit 1
-        (src/squeue/squeue.c _print_job: slurm_perror before the JSON dump). 22.05 exits 0 with a
-        JSON document whose "errors" say only "slurm_load_jobs: Failed while looking for jobs"
+        SlurmUnavailable when the queue cannot be read: squeue exits 1 with Slurm's error
+        ("slurm_load_jobs error: Unable to contact slurm controller (connect failure)",
+        src/squeue/squeue.c _get_info: slurm_perror, slurm-22-05-8-1:231), to which one `scontrol
+        ping` adds the controller's state as below. 22.05's JSON exits 0 with a
+        document whose "errors" say only "slurm_load_jobs: Failed while looking for jobs"
         (src/plugins/openapi/v0.0.38/jobs.c:1079, the errno is lost): then one `scontrol ping`
         (no connection retries; 15 ms here) adds the controller's state in Slurm's words
         ("Slurmctld(primary) at vm is DOWN", src/scontrol/scontrol.c _ping_slurmctld, 22.05.8:567).
         """
+        if self.failed is None:
+            result = self.t.run(SQUEUE_ARGV, env=SQUEUE_ENV)
+            refused = next((m for m in _TEXT_REFUSED if m in result.stderr), None)
+            if refused is None:
+                if result.returncode != 0:
+                    said = _last_lines(result.stderr, result.stdout, result.returncode)
+                    ping = self.ping() if "slurm_load_jobs" in said else ""
+                    raise SlurmUnavailable(self.t.host, f"squeue: {said}" + (f"; scontrol ping: {ping}" if ping
+                                                                             else ""))
+                try:
+                    return parse_squeue_text(result.stdout)
+                except SlurmParseError as exc:
+                    raise SlurmUnavailable(self.t.host, f"squeue printed what cannot be read: {exc}") from None
+            said = next((ln.strip() for ln in result.stderr.splitlines() if refused in ln), refused)
+            self.failed = (f"squeue --json: this squeue refused the text form's fields ({said[:200]}); "
+                           "reading the queue as JSON")
+        return self._queue_json()
+
+    def _queue_json(self) -> list[JobInfo]:
+        """`squeue --json --me` (`--me` honoured from 23.02; 22.05 prints every user's jobs)."""
         result = self.t.run(["squeue", "--json", "--me"])
         if result.returncode != 0:
-            said = (result.stderr.strip() or result.stdout.strip() or f"squeue exit {result.returncode}")
-            raise SlurmUnavailable(self.t.host, "; ".join(ln.strip() for ln in said.splitlines()[-3:] if ln.strip()))
+            raise SlurmUnavailable(self.t.host, _last_lines(result.stderr, result.stdout, result.returncode))
         try:
             return parse_squeue_json(result.stdout)
         except SlurmParseError as exc:
@@ -162,21 +237,51 @@ class SlurmCLI:
         return "; ".join(lines)
 
     def accounting(self, job_ids: Iterable[str]) -> Optional[list[JobInfo]]:
-        """One `sacct --parsable2` for every id; None when accounting is not available."""
+        """`sacct --parsable2` for every id, one call per SACCT_JOBS_BYTES of ids (one call up to
+        about 9,000 seven-digit ids); None when accounting is not available."""
         ids = sorted(set(job_ids), key=lambda j: (len(j), j))
         if not ids:
             return []
-        argv = ["sacct", "--parsable2", "--noheader", "--allocations", "--duplicates", f"--format={','.join(SACCT_FIELDS)}",
-                f"--jobs={','.join(ids)}"]
-        result = self.t.run(argv)
-        if result.returncode != 0:
-            if any(marker in result.stderr for marker in _NO_ACCOUNTING):
-                return None
-            result.check("sacct failed", self.t.host)
-        return parse_sacct_parsable(result.stdout)
+        out: list[JobInfo] = []
+        for chunk in id_chunks(ids, SACCT_JOBS_BYTES):
+            argv = ["sacct", "--parsable2", "--noheader", "--allocations", "--duplicates",
+                    f"--format={','.join(SACCT_FIELDS)}", f"--jobs={chunk}"]
+            result = self.t.run(argv)
+            if result.returncode != 0:
+                if any(marker in result.stderr for marker in _NO_ACCOUNTING):
+                    return None
+                result.check("sacct failed", self.t.host)
+            out += parse_sacct_parsable(result.stdout)
+        return out
 
     def cluster_info(self) -> ClusterInfo:
-        """One `scontrol show config`: cluster name, version, accounting and jobcomp settings."""
+        """One `scontrol show config`: cluster name, version, accounting and jobcomp settings.
+
+        Once per cluster per process and CLUSTER_INFO_TTL_S (_CLUSTER_INFO): a process that submits
+        many chains (bench/scale_queue.py) asks once, not once per chain (issue 31). The answer is
+        slurmctld's live configuration, which `scontrol reconfigure` changes without touching the
+        file we can stamp (MaxArraySize: src/slurmctld/job_mgr.c _valid_array_inx, slurm-22-05-8-1),
+        so an entry is also read again after the TTL."""
+        import os
+        import time
+
+        key: tuple[object, ...] = (self.t.kind, self.t.host, os.environ.get("LINGJUN_SSH_CONFIG", ""))
+        if self.t.kind == "local":  # which commands, which configuration file, and that file's version
+            conf = os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")
+            try:
+                st = os.stat(conf)
+                stamp: tuple[int, ...] = (st.st_ino, st.st_size, st.st_mtime_ns)
+            except OSError:
+                stamp = ()
+            key += (os.environ.get("PATH", ""), conf, stamp)
+        known = _CLUSTER_INFO.get(key)
+        if known is not None and time.monotonic() - known[0] < CLUSTER_INFO_TTL_S:
+            return known[1]
+        info = self._read_cluster_info()
+        _CLUSTER_INFO[key] = (time.monotonic(), info)
+        return info
+
+    def _read_cluster_info(self) -> ClusterInfo:
         problem = conf_problem(self.t)
         if problem:
             raise SlurmUnconfigured(f"{problem}\n{UNCONFIGURED_HINT}")
@@ -200,7 +305,24 @@ class SlurmCLI:
             accounting=storage.endswith("slurmdbd"),
             jobcomp_type=jobcomp.split("/")[-1] if jobcomp else "",
             jobcomp_loc=conf.get("JobCompLoc", ""),
+            max_array_size=int(conf["MaxArraySize"]) if conf.get("MaxArraySize", "").isdigit() else None,
         )
+
+
+# The queue in text (see SlurmCLI.queue), its times as epoch seconds (src/common/parse_time.c
+# slurm_make_time_str, slurm-22-05-8-1:662-696: SLURM_TIME_FORMAT is any strftime format).
+SQUEUE_ARGV: tuple[str, ...] = ("squeue", "--me", "--states=all", "--noheader", f"--Format={SQUEUE_FORMAT}")
+SQUEUE_ENV: dict[str, str] = {"SLURM_TIME_FORMAT": "%s"}
+# What an squeue that lacks a field or an option of SQUEUE_ARGV prints (src/squeue/opts.c
+# parse_long_format "Invalid job format specification: %s", slurm-22-05-8-1:1728,
+# slurm-24-05-8-1:968; getopt_long's "unrecognized option"; _parse_state "Invalid job state
+# specified", slurm-22-05-8-1 opts.c:499).
+_TEXT_REFUSED = ("Invalid job format specification", "unrecognized option", "Invalid job state specified")
+
+
+def _last_lines(stderr: str, stdout: str, rc: int) -> str:
+    said = stderr.strip() or stdout.strip() or f"squeue exit {rc}"
+    return "; ".join(ln.strip() for ln in said.splitlines()[-3:] if ln.strip())
 
 
 def _json_errors(text: str) -> str:

@@ -1,7 +1,11 @@
 """Pure parsers: Slurm CLI output -> JobInfo records (Slurm 22.05 through 25.11).
 
-Nothing here runs a command; callers hand over the text. Four sources
+Nothing here runs a command; callers hand over the text. Five sources
 (docs/slurm-versions.md has the per-version details and how they were checked):
+
+* ``squeue --Format=<SQUEUE_FORMAT>`` text with SLURM_TIME_FORMAT=%s (parse_squeue_text): what
+  SlurmCLI.queue reads, the same JobInfo as the JSON at 1/30 of its size (issue 31; the
+  field-by-field reading of squeue's source is above SQUEUE_TEXT_FIELDS).
 
 * ``squeue --json``: 22.05 (openapi v0.0.37/38: plain numbers, ``job_state`` a string,
   ``exit_code`` the raw wait status), 23.02 (data_parser v0.0.39: numbers wrapped as
@@ -42,6 +46,8 @@ from typing import Any, Iterable, Sequence
 
 __all__ = [
     "SACCT_FIELDS",
+    "SQUEUE_FORMAT",
+    "SQUEUE_TEXT_FIELDS",
     "JobInfo",
     "SlurmParseError",
     "decode_wait_status",
@@ -50,6 +56,7 @@ __all__ = [
     "parse_sacct_json",
     "parse_sacct_parsable",
     "parse_squeue_json",
+    "parse_squeue_text",
     "parse_state",
 ]
 
@@ -302,6 +309,102 @@ def _squeue_job(record: Any, index: int) -> JobInfo:
         reason=record.get("state_reason"), exit_status=_exit_from_json(record.get("exit_code")),
         start=_epoch(record.get("start_time")), end=_epoch(record.get("end_time")), elapsed_s=None,
         nodes=nodes, restarts=_number(record.get("restart_cnt")) or 0, source="squeue")
+
+
+# ---------------------------------------------------------------------------- squeue text
+
+# `squeue --me --states=all --noheader --Format=<SQUEUE_FORMAT>` with SLURM_TIME_FORMAT=%s: the
+# same job records `squeue --json` prints (one line per record slurmctld keeps; without --array a
+# pending array remainder stays one record, "A_[list]", as in the JSON), 31 MB -> 0.9 MB at
+# 10,000 jobs (issue 31). Read from src/squeue/opts.c and print.c, slurm-22-05-8-1 (the -O names:
+# parse_long_format, opts.c:942-1737; 24.05+ the table fmt_data_job, slurm-24-05-8-1 opts.c:621-712,
+# the same names, matched case-blind by both):
+#  * "Field:|" (_parse_long_token, opts.c:1798): width 0 and suffix "|"; width 0 prints the whole
+#    value (_print_str, print.c:306: "%s", no cut). Name is last, width 0 and no suffix, so a "|"
+#    in a name survives (split with maxsplit); the fixed fields before it never hold a "|".
+#  * ArrayJobID (print.c:483): the array's id for a task or a remainder, else the job's own id.
+#    ArrayTaskID (print.c:503): the remainder's task list whole (array_task_str, with "%N"
+#    throttle), else the task id, else "N/A". (JobArrayID, print.c:616, cuts the list at
+#    FORMAT_STRING_SIZE, 32 bytes, print.h:47, unless SLURM_BITSTR_LEN is set: not used.)
+#  * State (print.c:793): job_state_string(), as the 22.05/23.02 JSON's job_state.
+#  * exit_code (print.c:1722): 22.05 the raw wait status as %d (NO_VAL prints -2); 23.02+
+#    "<exit>:<signal>" and nothing for NO_VAL (slurm-23-02-7-1 print.c:1725-1747).
+#  * StartTime/EndTime (print.c:391 _print_time): 0 -> "N/A", else slurm_make_time_str
+#    (src/common/parse_time.c:662: 0 or INFINITE -> "Unknown", NO_VAL -> "None", else
+#    SLURM_TIME_FORMAT, here "%s": epoch seconds); EndTime "NONE" for an unlimited job still
+#    running (print.c:1005).
+#  * NodeList (print.c:1045): the job's nodes, hostlist-sorted (slurm_sort_node_list_str).
+#  * Reason (print.c:687): state_desc when slurmctld set one, else job_reason_string(); the JSON
+#    gives job_reason_string() only (openapi v0.0.38 jobs.c:1002). It goes last but one: the
+#    line is split at the first "|" after the fixed fields, so a reason must not hold a "|"
+#    (Slurm's reason names never do; a state_desc with "|" would be cut there).
+#  * RestartCnt (print.c:2055): restart_cnt as %d.
+# --states=all: without it squeue drops jobs that ended (print.c:2953 _filter_job); the 22.05
+# JSON ignores the state filter and lists them.
+SQUEUE_TEXT_FIELDS: tuple[str, ...] = (
+    "ArrayJobID", "ArrayTaskID", "State", "exit_code", "StartTime", "EndTime", "NodeList", "RestartCnt",
+    "Reason", "Name",
+)
+SQUEUE_FORMAT = ",".join(f"{f}:|" for f in SQUEUE_TEXT_FIELDS[:-1]) + f",{SQUEUE_TEXT_FIELDS[-1]}:0"
+_FIXED = len(SQUEUE_TEXT_FIELDS) - 2  # the fields before Reason and Name
+
+
+def _text_epoch(text: str, line: int, field: str) -> float | None:
+    value = text.strip()
+    if value.isdigit():
+        number = int(value)
+        return float(number) if 0 < number < _NO_VAL32 else None
+    if value.lower() in _EMPTY:
+        return None
+    raise SlurmParseError(f"squeue line {line} {field}: {value!r} is not epoch seconds "
+                          "(SLURM_TIME_FORMAT=%s expected)")
+
+
+def _text_exit(text: str) -> tuple[int | None, int | None]:
+    """22.05 "1792" (raw wait status) or 23.02+ "7:0" -> (exit code, signal)."""
+    value = text.strip()
+    if ":" in value:
+        return _exit_from_text(value)
+    try:
+        return decode_wait_status(int(value))
+    except ValueError:
+        return None, None
+
+
+def parse_squeue_text(text: str) -> list[JobInfo]:
+    """`squeue --noheader --Format=<SQUEUE_FORMAT>` (SLURM_TIME_FORMAT=%s) -> one JobInfo per
+    record, as parse_squeue_json gives for the same jobs (reason: see the notes above)."""
+    jobs: list[JobInfo] = []
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        values = line.split("|", _FIXED)
+        if len(values) != _FIXED + 1 or "|" not in values[-1]:
+            raise SlurmParseError(
+                f"squeue line {number} has {len(values) + (1 if '|' in values[-1] else 0)} fields, expected "
+                f"{len(SQUEUE_TEXT_FIELDS)} ({','.join(SQUEUE_TEXT_FIELDS)}): {line[:200]!r}")
+        array_job, task_text, state, exit_text, start, end, nodes, restarts = values[:_FIXED]
+        reason, name = values[-1].split("|", 1)
+        array_job = array_job.strip()
+        if not array_job.isdigit():
+            raise SlurmParseError(f"squeue line {number} ArrayJobID: {array_job!r} is not a job id")
+        task_text = re.sub(r"%\d+$", "", task_text.strip())
+        if task_text.isdigit():
+            job_id, array_id, task, pending = f"{array_job}_{int(task_text)}", array_job, int(task_text), None
+        elif task_text and task_text.lower() not in _EMPTY:
+            job_id, array_id, task, pending = f"{array_job}_[{task_text}]", array_job, None, task_text
+        else:
+            job_id, array_id, task, pending = array_job, None, None, None
+        try:
+            restart_cnt = int(restarts)
+        except ValueError:
+            raise SlurmParseError(f"squeue line {number} RestartCnt: {restarts!r} is not a number") from None
+        jobs.append(_build(
+            job_id=job_id, array_job_id=array_id, array_task_id=task, pending=pending, name=name,
+            state_raw=state, reason=reason, exit_status=_text_exit(exit_text),
+            start=_text_epoch(start, number, "StartTime"), end=_text_epoch(end, number, "EndTime"),
+            elapsed_s=None, nodes=nodes, restarts=max(restart_cnt, 0), source="squeue"))
+    return jobs
 
 
 # ---------------------------------------------------------------------------- sacct

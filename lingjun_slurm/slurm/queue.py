@@ -3,7 +3,9 @@
     QueueReader.queue()            every job slurmctld still knows        -> list[JobInfo]
     QueueReader.accounting(ids)    those jobs from the accounting database -> list[JobInfo] | None
 
-SlurmCLI (client.py) forks `squeue --json` and `sacct`, on whatever transport it is given.
+SlurmCLI (client.py) forks `squeue` (its text form, `--Format` with epoch times: 0.9 MB for
+10,000 jobs where `--json` prints 31 MB; `--json` where that squeue refuses a field of the text
+form, then its `failed` says so) and `sacct`, on whatever transport it is given.
 PyslurmReader (pyslurm_backend.py) calls libslurm in this process, so it only serves runs
 whose transport is this machine. `choose_reader` picks one per status refresh:
 

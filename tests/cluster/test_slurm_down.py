@@ -53,15 +53,23 @@ def env(slurm_cluster: Any, tmp_path: Path) -> dict[str, str]:
 
 
 def test_queue_reader_raises_slurms_own_words(slurm_cluster: Any, tmp_path: Path, monkeypatch) -> None:
-    """22.05's `squeue --json` exits 0 with only "Failed while looking for jobs" in its errors:
-    `scontrol ping` adds the controller's state, in Slurm's words."""
+    """The text reader (`squeue --me ... --Format`) exits 1 with slurm_load_jobs' error; 22.05's
+    `squeue --json` (the fallback) exits 0 with only "Failed while looking for jobs" in its errors.
+    Either way `scontrol ping` adds the controller's state, in Slurm's words."""
     monkeypatch.setenv("SLURM_CONF", str(dead_conf(slurm_cluster, tmp_path)))
     t = LocalTransport()
     started = time.monotonic()
     with pytest.raises(SlurmUnavailable) as info:
         SlurmCLI(t).queue()
     took = time.monotonic() - started
-    print(f"squeue --json + scontrol ping against a dead slurmctld: {took:.1f} s")
+    print(f"squeue + scontrol ping against a dead slurmctld: {took:.1f} s")
+    msg = info.value.message
+    assert "slurm_load_jobs error: Unable to contact slurm controller" in msg, msg
+    assert re.search(r"scontrol ping: Slurmctld\(primary\) at \S+ is DOWN", msg), msg
+    assert [argv[:2] for argv in t.history] == [("squeue", "--me"), ("scontrol", "ping")]
+    t.history.clear()
+    with pytest.raises(SlurmUnavailable) as info:
+        SlurmCLI(t)._queue_json()
     msg = info.value.message
     assert "slurm_load_jobs: Failed while looking for jobs" in msg, msg
     assert re.search(r"scontrol ping: Slurmctld\(primary\) at \S+ is DOWN", msg), msg

@@ -231,7 +231,7 @@ def test_logs_follow_streams_until_the_job_ends(tmp_path: Path, env: dict[str, s
 
 
 class AgedOut:
-    """Wraps the real transport and drops chosen job ids from `squeue --json`, as slurmctld does
+    """Wraps the real transport and drops chosen job ids from squeue's answer, as slurmctld does
     MinJobAge (300 s here) after a job ends; waiting that long in a test is not an option.
     Everything else (sacct, files) goes to the real cluster and disk."""
 
@@ -243,6 +243,9 @@ class AgedOut:
 
     def run(self, argv: Any, **kw: Any) -> Any:
         result = self.real.run(argv, **kw)
+        if list(argv[:2]) == ["squeue", "--me"]:  # the text reader: ArrayJobID is the first "|" field
+            kept = [ln for ln in result.stdout.splitlines(keepends=True) if ln.split("|", 1)[0] not in self.gone]
+            result = type(result)(result.argv, result.returncode, "".join(kept), result.stderr, result.duration_s)
         if list(argv[:2]) == ["squeue", "--json"]:
             doc = json.loads(result.stdout)
             doc["jobs"] = [j for j in doc["jobs"] if str(j.get("array_job_id") or j["job_id"]) not in self.gone

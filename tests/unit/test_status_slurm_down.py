@@ -99,7 +99,7 @@ def test_real_squeue_against_a_dead_controller(dead_slurm: Path, tmp_path: Path)
     assert "slurm_load_jobs" in msg and "is DOWN" in msg, msg
     assert {s.state for s in slurm_run.stages} == {"UNKNOWN"} and slurm_run.slurm_error == msg
     assert [a[0] for a in t.history] == ["squeue", "scontrol"]  # no sacct, no retry of our own
-    assert str(collector.unavailable).startswith(f"Slurm did not answer on {t.host}: squeue --json: ")
+    assert str(collector.unavailable).startswith(f"Slurm did not answer on {t.host}: squeue: ")
     json.dumps(document([slurm_run, local_run]))
 
 
