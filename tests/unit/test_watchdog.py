@@ -412,3 +412,40 @@ def test_a_term_during_the_hang_handling_waits_for_the_record(tmp_path: Path) ->
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def test_a_stopped_ranks_dump_is_not_waited_for_the_whole_grace(tmp_path: Path, step,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """One rank SIGSTOPped (state T in /proc, read by the probe), the other answers SIGUSR2 with its
+    stack: the watchdog ends the step STOPPED_DUMP_WAIT_S after the signal, not after the 20 s grace,
+    and the record names the stopped rank's state."""
+    monkeypatch.setattr(wd, "STOPPED_DUMP_WAIT_S", 1.5)
+    stopped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        os.kill(stopped.pid, signal.SIGSTOP)
+        acts = Recorder(step.pid)
+        acts.proc = step
+        stacks = tmp_path / "stacks"
+        stacks.mkdir()
+        live = stacks / f"node1-rank0-pid{step.pid}.txt"
+        live.write_text("# header\n")
+        (stacks / f"node1-rank1-pid{stopped.pid}.txt").write_text("# header\n")
+        real_signal = acts.signal_tasks
+
+        def signal_and_dump() -> str:  # rank 0 answers; rank 1 is stopped and cannot
+            with live.open("a") as fh:
+                fh.write('Thread 0x1 (most recent call first):\n  File "x.py", line 1 in wait\n')
+            return real_signal()
+
+        acts.signal_tasks = signal_and_dump  # type: ignore[method-assign]
+        writer(tmp_path / "job.out", 100, 3, 0.1)
+        rc = wd.watch(options(tmp_path, step.pid, startup_timeout=5.0, grace=20.0, ntasks=2), acts)
+        assert rc == wd.HANG_EXIT
+        waited = acts.calls[1][1] - acts.calls[0][1]
+        assert 1.4 <= waited < 5.0, waited  # was the whole 20 s grace
+        rec = json.loads((tmp_path / "hang.json").read_text())
+        assert {s["rank"]: s["state"] for s in rec["states"]} == {0: "S", 1: "T"}, rec["states"]
+        assert [s["rank"] for s in rec["stacks"]] == [0]
+    finally:
+        stopped.kill()
+        stopped.wait()

@@ -571,6 +571,9 @@ class Exporter:
         self.writer.remove()
 
 
+STOPPED_DUMP_WAIT_S = 5.0  # _handle_hang: how long a stopped rank's dump is waited for
+
+
 @dataclass
 class Options:
     format: str
@@ -720,7 +723,13 @@ def _handle_hang(opts: Options, actions: Actions, state: State, start_wall: floa
     write_record(opts.record, record)
     before = stack_sizes(opts.stacks_dir)
     record["signal"] = actions.signal_tasks()
-    deadline = clock() + opts.grace
+    signalled = clock()
+    deadline = signalled + opts.grace
+    # Stopped ranks (T/t: SIGSTOP, a tracer) run no handler until continued: under proctrack/cgroup
+    # nothing continues them, so their dumps never come. Once every other rank has dumped, they get
+    # STOPPED_DUMP_WAIT_S, not the whole grace (where the launcher does continue them, as seen on a
+    # proctrack/linuxproc test cluster, their dump came within it).
+    stopped = sum(1 for st in record["states"] if st.get("state") in ("T", "t"))
     grown: dict[str, int] = {}
     stable_since = clock()
     while clock() < deadline:
@@ -729,8 +738,11 @@ def _handle_hang(opts: Options, actions: Actions, state: State, start_wall: floa
         now_grown = {p: s for p, s in sizes.items() if s > before.get(p, 0)}
         if now_grown != grown:
             grown, stable_since = now_grown, clock()
-        if opts.ntasks and len(grown) >= opts.ntasks and clock() - stable_since >= 1.0:
-            break
+        if opts.ntasks and clock() - stable_since >= 1.0:
+            if len(grown) >= opts.ntasks:
+                break
+            if stopped and len(grown) >= opts.ntasks - stopped and clock() - signalled >= STOPPED_DUMP_WAIT_S:
+                break
     record["stacks"] = [{"path": p, **parse_stacks_name(p), "bytes": s} for p, s in sorted(grown.items())]
     actions.end_step()
     end_deadline = clock() + max(opts.grace, 5.0)
