@@ -168,9 +168,10 @@ def test_time_limit_signal_save_requeue_finish(time_limit_run: Submitted) -> Non
     slurmctld sends the warning signal from its periodic time-limit check (every PERIODIC_TIMEOUT =
     30 s, src/slurmctld/controller.c:2099-2104) once warn_time + 30 + now >= end_time
     (send_job_warn_signal, job_mgr.c:19065-19071): USR1 then comes 30-60 s after the job's start
-    instead of 90-120 s, the same signal by the same path. Not lowered when the job has run 50 s
-    already or is past its first attempt (the signal is near or came already; a limit lowered past
-    now would time the job out)."""
+    instead of 90-120 s, the same signal by the same path. Not lowered when the job has run 25 s
+    already or is past its first attempt: lowered after 30 s, the next check (up to 30 s later) could
+    find less than the 60 s grace left before the new end; a limit lowered past now would time the job
+    out."""
     env, run_id, work = time_limit_run.env, time_limit_run.run_id, time_limit_run.work
     run_dir = work / "runs" / run_id
     metrics_file = run_dir / "metrics.jsonl"
@@ -191,7 +192,7 @@ def test_time_limit_signal_save_requeue_finish(time_limit_run: Submitted) -> Non
     job = show()
     assert job["TimeLimit"] == "00:03:00", job
     h, m, sec = (int(x) for x in job["RunTime"].split("-")[-1].split(":"))
-    if job["JobState"] == "RUNNING" and job.get("Restarts") == "0" and h * 3600 + m * 60 + sec < 50:
+    if job["JobState"] == "RUNNING" and job.get("Restarts") == "0" and h * 3600 + m * 60 + sec < 25:
         subprocess.run(["scontrol", "update", f"JobId={job_id}", "TimeLimit=2"], env=senv, check=True)
         assert show()["TimeLimit"] == "00:02:00"
     stages = wait_for(run_id, env, lambda s: s["train"]["restarts"] >= 1 or s["train"]["state"] in ENDED,
