@@ -156,6 +156,10 @@ def test_a_hold_after_eligibility_resets_eligible_so_the_queue_wait_leaves_the_h
     try:
         time.sleep(4)
         held = _sacct_times(env, job)
+        deadline = time.time() + 60
+        while time.time() < deadline and not held:  # the record reaches slurmdbd asynchronously (seen late under load)
+            time.sleep(1)
+            held = _sacct_times(env, job)
         released_at = time.time()
         subprocess.run(["scontrol", "release", job], env={**os.environ, **env}, check=True)
         deadline = time.time() + 60

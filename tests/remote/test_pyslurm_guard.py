@@ -85,7 +85,10 @@ def fake_slurm_bin(root: Path) -> Path:
     root.mkdir(parents=True)
     for prog, out in (("squeue", '{"jobs": []}'), ("sacct", "")):
         script = root / prog
-        script.write_text(f"#!/bin/sh\necho {prog} >> \"$FAKE_SLURM_LOG\"\nprintf '%s\\n' '{out}'\n")
+        # squeue: no jobs, as JSON for --json and as nothing at all for the text form (slurm/client.py queue)
+        body = (f'case " $* " in *" --json "*) printf \'%s\\n\' \'{out}\';; esac\n' if prog == "squeue"
+                else f"printf '%s\\n' '{out}'\n")
+        script.write_text(f"#!/bin/sh\necho {prog} >> \"$FAKE_SLURM_LOG\"\n{body}")
         script.chmod(0o755)
     return root
 
